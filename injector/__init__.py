@@ -1,0 +1,1 @@
+"""Injector: turns a recall result into bucketed prompt blocks."""

@@ -1,0 +1,60 @@
+"""Typed data model: graph nodes and edges, per-chat state, chat messages and recall records."""
+
+from memory_recall.model.chat import ChatMessage, GenerationType
+from memory_recall.model.graph import (
+    CORE_TYPES,
+    DEFAULT_SCHEMA,
+    INHIBIT_EDGE_TYPE,
+    NODE_TYPES,
+    Edge,
+    MemoryScope,
+    Node,
+    NodeTypeSpec,
+    StoryTime,
+    StoryTimeSpan,
+    parse_edge,
+    parse_node,
+)
+from memory_recall.model.records import PersistedRecall
+from memory_recall.model.state import (
+    HistoryState,
+    JournalEntry,
+    KnowledgeOwner,
+    KnowledgeState,
+    MemoryGraph,
+    RegionAdjacency,
+    RegionState,
+    StorySegment,
+    SummaryEntry,
+    SummaryState,
+    TimelineState,
+)
+
+__all__ = [
+    "CORE_TYPES",
+    "DEFAULT_SCHEMA",
+    "INHIBIT_EDGE_TYPE",
+    "NODE_TYPES",
+    "ChatMessage",
+    "Edge",
+    "GenerationType",
+    "HistoryState",
+    "JournalEntry",
+    "KnowledgeOwner",
+    "KnowledgeState",
+    "MemoryGraph",
+    "MemoryScope",
+    "Node",
+    "NodeTypeSpec",
+    "PersistedRecall",
+    "RegionAdjacency",
+    "RegionState",
+    "StorySegment",
+    "StoryTime",
+    "StoryTimeSpan",
+    "SummaryEntry",
+    "SummaryState",
+    "TimelineState",
+    "parse_edge",
+    "parse_node",
+]

@@ -1,0 +1,439 @@
+"""All settings of memory-recall: one :class:`RecallSettings` with a frozen section per concern and per stage.
+
+Load order (later wins): defaults of the chosen profile < TOML file < environment (``MEMORY_RECALL_`` prefix,
+``__`` between section and key, e.g. ``MEMORY_RECALL_DIFFUSION__DECAY=0.5``) < explicit overrides. Two
+profiles reproduce the reference's two default columns (stbme-reference §5.1): ``"app"`` (what a normal recall
+uses) and ``"fallback"`` (what ``retrieve()`` uses when an option is absent).
+
+A stage receives only its own section. Per-request overrides go through :meth:`RecallSettings.with_overrides`,
+which validates them and returns a new object; settings are never mutated.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from memory_recall.errors import ConfigError
+
+__all__ = [
+    "AnchorSettings",
+    "ContextSettings",
+    "CooccurrenceSettings",
+    "CrossRecallSettings",
+    "DiffusionSettings",
+    "DiversitySettings",
+    "EmbeddingSettings",
+    "InjectorSettings",
+    "LLMSettings",
+    "LexicalSettings",
+    "OwnerSettings",
+    "ProbabilisticSettings",
+    "QueryPlanSettings",
+    "RecallSettings",
+    "ReinforcementSettings",
+    "ResidualSettings",
+    "RerankSettings",
+    "ScoringSettings",
+    "SelectionSettings",
+    "StoreSettings",
+    "VectorSettings",
+    "VisibilitySettings",
+    "load_settings",
+]
+
+_Section = ConfigDict(frozen=True, extra="forbid")
+Unit = float  # a value in [0, 1]
+
+
+class StoreSettings(BaseModel):
+    """Where the SQLite store lives."""
+
+    model_config = _Section
+
+    data_dir: str = ""  # empty: MEMORY_RECALL_DATA_DIR or the per-user default
+    busy_timeout_ms: int = Field(default=5000, ge=0, le=600_000)
+
+
+class EmbeddingSettings(BaseModel):
+    """Embedding provider. ``provider="local"`` uses the packaged multilingual-e5-small engine."""
+
+    model_config = _Section
+
+    provider: Literal["auto", "local", "openai", "none"] = "auto"
+    base_url: str = ""  # OpenAI-compatible endpoint root, e.g. http://127.0.0.1:8000/v1
+    model: str = ""
+    dimensions: int | None = Field(default=None, ge=1, le=8192)
+    api_key_env: str = "MEMORY_RECALL_EMBEDDING_API_KEY"
+    batch_size: int = Field(default=64, ge=1, le=2048)
+    connect_timeout_s: float = Field(default=3.0, gt=0, le=600)
+    read_timeout_s: float = Field(default=20.0, gt=0, le=600)
+    deadline_s: float = Field(default=30.0, gt=0, le=3600)  # one overall deadline incl. retries
+    max_retries: int = Field(default=3, ge=0, le=10)
+    query_deadline_s: float = Field(default=5.0, gt=0, le=600)  # per recall query embedding
+    strict: bool = False  # raise instead of degrading to lexical_fallback
+
+
+class LLMSettings(BaseModel):
+    """Chat LLM used by the optional rerank (OpenAI-compatible ``/v1/chat/completions``)."""
+
+    model_config = _Section
+
+    base_url: str = ""  # empty: no LLM configured, rerank is skipped with a reason
+    model: str = ""
+    api_key_env: str = "MEMORY_RECALL_LLM_API_KEY"
+    timeout_s: float = Field(default=20.0, gt=0, le=600)  # one attempt within this deadline
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    strict: bool = False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stage sections (reference §5.1; "app" values are the defaults, the "fallback" profile overrides a few)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class SelectionSettings(BaseModel):
+    """Sizes shared by several stages: ``topK``, ``maxRecallNodes``, the LLM candidate pool."""
+
+    model_config = _Section
+
+    top_k: int = Field(default=20, ge=1, le=1000)
+    max_recall_nodes: int = Field(default=12, ge=1, le=200)
+    llm_candidate_pool: int = Field(default=30, ge=1, le=500)
+
+
+class ContextSettings(BaseModel):
+    """Context resolution: owners, regions, story context, scope switches (reference §3.1, §5.1)."""
+
+    model_config = _Section
+
+    enable_scoped_memory: bool = True
+    enable_pov_memory: bool = True
+    enable_region_scoped_objective: bool = True
+    enable_cognitive_memory: bool = True
+    enable_spatial_adjacency: bool = True
+    enable_story_timeline: bool = True
+    story_time_soft_directing: bool = True
+
+
+class VisibilitySettings(BaseModel):
+    """Legacy visibility filter on ``fields.visibility`` (reference §3.2)."""
+
+    model_config = _Section
+
+    enabled: bool = True
+
+
+class QueryPlanSettings(BaseModel):
+    """Context query blend and multi-intent split (reference §3.5–§3.6)."""
+
+    model_config = _Section
+
+    enable_context_query_blend: bool = True
+    context_assistant_weight: Unit = Field(default=0.2, ge=0, le=1)
+    context_previous_user_weight: Unit = Field(default=0.1, ge=0, le=1)
+    enable_multi_intent: bool = True
+    multi_intent_max_segments: int = Field(default=4, ge=1, le=16)
+    recent_context_messages: int = Field(default=4, ge=0, le=20)
+
+
+class VectorSettings(BaseModel):
+    """Vector prefilter (reference §3.7)."""
+
+    model_config = _Section
+
+    enabled: bool = True
+
+
+class LexicalSettings(BaseModel):
+    """Reference field matching plus the BM25 channel (reference §3.12 step 1, recall-spec "BM25 channel")."""
+
+    model_config = _Section
+
+    enable_lexical_boost: bool = True
+    lexical_weight: float = Field(default=0.18, ge=0, le=10)
+    enable_bm25: bool = True
+    bm25_top_k: int = Field(default=30, ge=1, le=1000)
+    bm25_max_terms: int = Field(default=64, ge=1, le=64)
+
+
+class AnchorSettings(BaseModel):
+    """Entity anchors (reference §3.8)."""
+
+    model_config = _Section
+
+    enabled: bool = True
+    energy: float = Field(default=2.0, ge=0, le=2)
+
+
+class DiffusionSettings(BaseModel):
+    """PEDSA spreading activation (reference §3.9, §5.3)."""
+
+    model_config = _Section
+
+    enabled: bool = True
+    top_k: int = Field(default=100, ge=1, le=100_000)
+    max_steps: int = Field(default=2, ge=1, le=10)
+    decay: float = Field(default=0.6, ge=0, le=1)
+    teleport_alpha: Unit = Field(default=0.15, ge=0, le=1)
+    enable_temporal_links: bool = True
+    temporal_link_strength: Unit = Field(default=0.2, ge=0, le=1)
+    min_energy: float = Field(default=0.01, ge=0, le=1)
+    inhibit_multiplier: float = Field(default=2.0, ge=0, le=10)
+
+
+class CrossRecallSettings(BaseModel):
+    """Supplemental anchors and cross-recall re-diffusion (reference §3.10)."""
+
+    model_config = _Section
+
+    enabled: bool = True
+    event_energy_factor: float = Field(default=1.5, ge=0, le=2)
+    supplemental_anchors: int = Field(default=5, ge=0, le=50)
+    # Empty score map (no vector, anchor or BM25 hit): the reference scores the whole active set (§3.10).
+    # Kept up to this many active nodes; above it only the top `selection.top_k × 3` by importance, then
+    # recency, enter (recall-spec departure 11, reference §7 item 24: the no-vector path must not score the
+    # whole graph).
+    whole_set_fallback_max_nodes: int = Field(default=2000, ge=0, le=10_000_000)
+
+
+class CooccurrenceSettings(BaseModel):
+    """Co-occurrence boost (reference §3.11)."""
+
+    model_config = _Section
+
+    enabled: bool = False
+    scale: float = Field(default=0.1, ge=0, le=10)
+    max_neighbors: int = Field(default=10, ge=1, le=1000)
+    max_anchors_per_batch: int = Field(default=10, ge=2, le=1000)
+
+
+class ResidualSettings(BaseModel):
+    """Residual recall: NMF novelty and sparse-coding residual (reference §3.10)."""
+
+    model_config = _Section
+
+    enabled: bool = False
+    basis_max_nodes: int = Field(default=24, ge=2, le=512)
+    nmf_topics: int = Field(default=15, ge=1, le=128)
+    nmf_novelty_threshold: Unit = Field(default=0.4, ge=0, le=1)
+    residual_threshold: float = Field(default=0.3, ge=0, le=10)
+    top_k: int = Field(default=5, ge=1, le=100)
+
+
+class ScoringSettings(BaseModel):
+    """Hybrid score, scope/knowledge/time weights (reference §3.12, §1.4)."""
+
+    model_config = _Section
+
+    graph_weight: float = Field(default=0.6, ge=-10, le=10)
+    vector_weight: float = Field(default=0.3, ge=-10, le=10)
+    importance_weight: float = Field(default=0.1, ge=-10, le=10)
+    character_pov_weight: float = Field(default=1.25, ge=0, le=10)
+    user_pov_weight: float = Field(default=1.05, ge=0, le=10)
+    objective_current_region_weight: float = Field(default=1.15, ge=0, le=10)
+    objective_adjacent_region_weight: float = Field(default=0.9, ge=0, le=10)
+    objective_global_weight: float = Field(default=0.75, ge=0, le=10)
+    inject_low_confidence_objective_memory: bool = False
+
+
+class DiversitySettings(BaseModel):
+    """Candidate pool and greedy DPP (reference §3.14)."""
+
+    model_config = _Section
+
+    enabled: bool = True
+    candidate_multiplier: int = Field(default=3, ge=1, le=100)
+    quality_weight: float = Field(default=1.0, ge=0, le=10)
+
+
+class RerankSettings(BaseModel):
+    """Optional LLM rerank (reference §3.15)."""
+
+    model_config = _Section
+
+    enabled: bool = True
+
+
+class OwnerSettings(BaseModel):
+    """Owner finalisation, owner-POV augmentation and scene reconstruction (reference §3.16)."""
+
+    model_config = _Section
+
+    enable_scene_reconstruction: bool = True
+
+
+class ReinforcementSettings(BaseModel):
+    """Access reinforcement of finally selected nodes (reference §1.9)."""
+
+    model_config = _Section
+
+    enabled: bool = True
+    importance_step: float = Field(default=0.1, ge=0, le=1)
+
+
+class ProbabilisticSettings(BaseModel):
+    """Probabilistic recall (reference §3.18 with recall-spec departure 6)."""
+
+    model_config = _Section
+
+    enabled: bool = False
+    chance: float = Field(default=0.15, ge=0, le=1)
+    reserved_slots: int = Field(default=1, ge=0, le=10)
+    min_importance: float = Field(default=6.0, ge=0, le=10)
+
+
+class InjectorSettings(BaseModel):
+    """Injection block (reference §4, recall-spec departure 5)."""
+
+    model_config = _Section
+
+    inject_user_pov_memory: bool = True
+    inject_objective_global_memory: bool = True
+    inject_story_time_label: bool = True
+    objective_global_cap: int = Field(default=6, ge=0, le=200)
+    core_cap: int = Field(default=24, ge=0, le=1000)
+    max_chars: int = Field(default=16_000, ge=200, le=1_000_000)
+    max_row_chars: int = Field(default=3_000, ge=50, le=100_000)
+    cell_chars: int = Field(default=200, ge=10, le=10_000)
+
+
+_PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "app": {},
+    # retrieve() fallbacks of the reference (§5.1 "retrieve fallback" column).
+    "fallback": {
+        "selection": {"max_recall_nodes": 8},
+        "visibility": {"enabled": False},
+        "cross_recall": {"enabled": False},
+    },
+}
+
+
+class RecallSettings(BaseSettings):
+    """Every setting of memory-recall, one frozen section per concern."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MEMORY_RECALL_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    profile: Literal["app", "fallback"] = "app"
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    selection: SelectionSettings = Field(default_factory=SelectionSettings)
+    context: ContextSettings = Field(default_factory=ContextSettings)
+    visibility: VisibilitySettings = Field(default_factory=VisibilitySettings)
+    query_plan: QueryPlanSettings = Field(default_factory=QueryPlanSettings)
+    vector: VectorSettings = Field(default_factory=VectorSettings)
+    lexical: LexicalSettings = Field(default_factory=LexicalSettings)
+    anchors: AnchorSettings = Field(default_factory=AnchorSettings)
+    diffusion: DiffusionSettings = Field(default_factory=DiffusionSettings)
+    cross_recall: CrossRecallSettings = Field(default_factory=CrossRecallSettings)
+    cooccurrence: CooccurrenceSettings = Field(default_factory=CooccurrenceSettings)
+    residual: ResidualSettings = Field(default_factory=ResidualSettings)
+    scoring: ScoringSettings = Field(default_factory=ScoringSettings)
+    diversity: DiversitySettings = Field(default_factory=DiversitySettings)
+    rerank: RerankSettings = Field(default_factory=RerankSettings)
+    owners: OwnerSettings = Field(default_factory=OwnerSettings)
+    reinforcement: ReinforcementSettings = Field(default_factory=ReinforcementSettings)
+    probabilistic: ProbabilisticSettings = Field(default_factory=ProbabilisticSettings)
+    injector: InjectorSettings = Field(default_factory=InjectorSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Explicit values (profile + TOML + overrides, merged by load_settings) beat the environment.
+        return (init_settings, env_settings)
+
+    def with_overrides(self, overrides: dict[str, Any] | None) -> RecallSettings:
+        """A validated copy with ``{"section": {"key": value}}`` overrides applied; raises ConfigError."""
+        if not overrides:
+            return self
+        merged = _deep_merge(self.model_dump(), overrides)
+        return _validate(merged, "overrides")
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _validate(data: dict[str, Any], origin: str) -> RecallSettings:
+    try:
+        return RecallSettings.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        raise ConfigError(str(err.get("msg", "invalid value")), field=f"{origin}: {loc}" if loc else origin) from None
+
+
+def load_settings(
+    toml_path: str | Path | None = None,
+    *,
+    profile: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> RecallSettings:
+    """Settings from profile defaults, an optional TOML file (``MEMORY_RECALL_CONFIG`` when not given), the
+    environment, then ``overrides``. Raises :class:`ConfigError` naming the offending key."""
+    path = toml_path or os.environ.get("MEMORY_RECALL_CONFIG") or None
+    file_data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        try:
+            file_data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError("file not found", field=str(p)) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"invalid TOML: {exc}", field=str(p)) from None
+    chosen = profile or file_data.get("profile") or os.environ.get("MEMORY_RECALL_PROFILE") or "app"
+    if chosen not in _PROFILES:
+        raise ConfigError(f"unknown profile {chosen!r}; expected one of {', '.join(_PROFILES)}", field="profile")
+    # Profile defaults go under the environment: only keys the user set (TOML, overrides) are passed explicitly.
+    explicit = _deep_merge(file_data, overrides or {})
+    explicit["profile"] = chosen
+    try:
+        from_env = RecallSettings(**explicit)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        raise ConfigError(str(err.get("msg", "invalid value")), field=loc or "settings") from None
+    # Apply profile values only where neither the environment nor explicit values set the key.
+    profile_values = _PROFILES[chosen]
+    if not profile_values:
+        return from_env
+    merged = from_env.model_dump()
+    for section, values in profile_values.items():
+        for key, value in values.items():
+            if _explicitly_set(explicit, section, key) or _env_set(section, key):
+                continue
+            merged[section][key] = value
+    return _validate(merged, "settings")
+
+
+def _explicitly_set(explicit: dict[str, Any], section: str, key: str) -> bool:
+    sec = explicit.get(section)
+    return isinstance(sec, dict) and key in sec
+
+
+def _env_set(section: str, key: str) -> bool:
+    name = f"MEMORY_RECALL_{section}__{key}".upper()
+    return any(k.upper() == name for k in os.environ)

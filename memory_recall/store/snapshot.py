@@ -1,0 +1,637 @@
+"""``GraphSnapshot``: one chat's graph as arrays, built once per store version and shared by every recall.
+
+Architecture "Hot path": the snapshot holds numpy arrays, not objects — ids, type codes, importance, time stamps,
+scope codes, an (n × d) float32 L2-normalised embedding matrix with a mask for missing vectors, scipy CSR
+matrices for edge strengths (inhibit edges kept apart, temporal links added from the prev/next chain), the entity
+anchor index, and the knowledge state as dense per-owner arrays. Full :class:`~memory_recall.model.graph.Node`
+objects are parsed lazily (only candidates ever need one).
+
+Contract:
+* A snapshot is immutable after :func:`build_snapshot` returns; stages read it and never write to it.
+* ``version`` is the chat's store version it was built from; :class:`SnapshotCache` rebuilds when the version,
+  the embedding model or the edge-validity horizon (an ``invalid_at``/``expired_at`` that has passed) changes.
+* Node order is the store's insertion order (the reference's graph order); ``id_rank`` gives each node its
+  position in byte order of ids, the tie-break everywhere (recall-spec departure 10).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from memory_recall.model.graph import (
+    CORE_TYPES,
+    INHIBIT_EDGE_TYPE,
+    NODE_TYPES,
+    Edge,
+    MemoryScope,
+    Node,
+    anchor_terms,
+)
+from memory_recall.model.state import (
+    HistoryState,
+    JournalEntry,
+    KnowledgeState,
+    MemoryGraph,
+    RegionState,
+    SummaryState,
+    TimelineState,
+)
+
+__all__ = [
+    "EdgeRow",
+    "GraphSnapshot",
+    "KnowledgeArrays",
+    "NodeIndex",
+    "SnapshotCache",
+    "SnapshotSource",
+    "build_snapshot",
+    "node_index",
+    "snapshot_from_graph",
+]
+
+TYPE_CODE: dict[str, int] = {t: i for i, t in enumerate(NODE_TYPES)}
+_TENSES = ("unknown", "past", "ongoing", "future", "flashback", "hypothetical")
+TENSE_CODE: dict[str, int] = {t: i for i, t in enumerate(_TENSES)}
+_SEP = "\x1f"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The denormalised index values of one node (the store writes them beside the node JSON on every upsert)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeIndex:
+    """What the snapshot needs of a node without parsing the whole node."""
+
+    type: str
+    archived: bool
+    seq: int
+    seq_start: int | None
+    seq_end: int | None
+    importance: float
+    created_time: int
+    layer: str
+    owner_type: str
+    owner_key: str
+    owner_name: str
+    region_primary: str
+    region_tokens: tuple[str, ...]
+    anchor_terms: tuple[str, ...]
+    prev_id: str
+    next_id: str
+    visibility: tuple[str, ...] | None
+    segment_id: str
+    has_story_label: bool
+    tense: str
+    span_start_segment: str
+    span_end_segment: str
+    has_span_label: bool
+
+    def to_json(self) -> str:
+        return json.dumps(
+            [
+                self.type, int(self.archived), self.seq, self.seq_start, self.seq_end, self.importance,
+                self.created_time, self.layer, self.owner_type, self.owner_key, self.owner_name,
+                self.region_primary, _SEP.join(self.region_tokens), _SEP.join(self.anchor_terms),
+                self.prev_id, self.next_id,
+                None if self.visibility is None else _SEP.join(self.visibility),
+                self.segment_id, int(self.has_story_label), self.tense, self.span_start_segment,
+                self.span_end_segment, int(self.has_span_label),
+            ],
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeIndex:
+        v = json.loads(text)
+        return cls(
+            type=v[0], archived=bool(v[1]), seq=v[2], seq_start=v[3], seq_end=v[4], importance=v[5],
+            created_time=v[6], layer=v[7], owner_type=v[8], owner_key=v[9], owner_name=v[10],
+            region_primary=v[11], region_tokens=tuple(t for t in v[12].split(_SEP) if t),
+            anchor_terms=tuple(t for t in v[13].split(_SEP) if t), prev_id=v[14], next_id=v[15],
+            visibility=None if v[16] is None else tuple(t for t in v[16].split(_SEP)),
+            segment_id=v[17], has_story_label=bool(v[18]), tense=v[19], span_start_segment=v[20],
+            span_end_segment=v[21], has_span_label=bool(v[22]),
+        )
+
+
+def _visibility_names(value: Any) -> tuple[str, ...] | None:
+    """Names in ``fields.visibility`` (reference §3.2): a list, or a comma-separated string; None if absent."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, list):
+        return tuple(str(v).strip() for v in value if str(v).strip())
+    return tuple(part.strip() for part in str(value).split(",") if part.strip())
+
+
+def node_index(node: Node) -> NodeIndex:
+    """The denormalised index values of ``node``."""
+    scope = node.scope
+    st, span = node.story_time, node.story_time_span
+    return NodeIndex(
+        type=node.type,
+        archived=node.archived,
+        seq=node.seq,
+        seq_start=node.seq_range[0] if node.seq_range is not None else None,
+        seq_end=node.seq_range[1] if node.seq_range is not None else None,
+        importance=float(node.importance),
+        created_time=int(node.created_time),
+        layer=scope.layer,
+        owner_type=scope.owner_type,
+        owner_key=scope.owner_key,
+        owner_name=scope.owner_name or scope.owner_id,
+        region_primary=scope.region_primary,
+        region_tokens=tuple(scope.region_tokens()),
+        anchor_terms=tuple(anchor_terms(node)),
+        prev_id=node.prev_id or "",
+        next_id=node.next_id or "",
+        visibility=_visibility_names(node.fields.get("visibility")),
+        segment_id=st.segment_id,
+        has_story_label=bool(st.segment_id or st.label),
+        tense=st.tense,
+        span_start_segment=span.start_segment_id,
+        span_end_segment=span.end_segment_id,
+        has_span_label=bool(span.start_segment_id or span.end_segment_id or span.start_label or span.end_label),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRow:
+    """The columns of an edge the snapshot needs."""
+
+    edge_id: str
+    from_id: str
+    to_id: str
+    relation: str
+    strength: float
+    edge_type: int
+    invalid_at: int | None
+    expired_at: int | None
+
+    @classmethod
+    def of(cls, edge: Edge) -> EdgeRow:
+        return cls(edge.id, edge.from_id, edge.to_id, edge.relation, float(edge.strength), edge.edge_type,
+                   edge.invalid_at, edge.expired_at)
+
+
+@dataclass
+class SnapshotSource:
+    """Everything a snapshot is built from, as read from the store in one read transaction."""
+
+    chat_id: str
+    version: int
+    node_ids: list[str]
+    node_index: list[NodeIndex]
+    node_json: list[str]
+    edges: list[EdgeRow]
+    model_id: str
+    embedding_ids: list[str]
+    embeddings: np.ndarray  # (m × d) float32, rows in ``embedding_ids`` order
+    knowledge: KnowledgeState
+    regions: RegionState
+    timeline: TimelineState
+    summaries: SummaryState
+    history: HistoryState
+    journal: list[JournalEntry]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Knowledge state as arrays (reference §1.5; precomputed once per snapshot: recall-spec departure 11)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KnowledgeArrays:
+    """Per-owner boolean masks and visibility scores over the snapshot's nodes.
+
+    Row ``o`` of each (owners × n) array belongs to ``owner_keys[o]``. ``known`` includes manual-known ids and the
+    owner's own character node; ``own_pov`` marks POV nodes whose scope owner key equals the owner's key — the
+    reference quirk of §1.5 step 4 is fixed (owner keys match with or without a node id: recall-spec departure 2).
+    """
+
+    owner_keys: tuple[str, ...]
+    owner_types: tuple[str, ...]
+    owner_names: tuple[str, ...]
+    aliases: tuple[tuple[str, ...], ...]
+    owner_node_index: np.ndarray  # (owners,) int, −1 when the owner has no character node in the snapshot
+    updated_at: np.ndarray  # (owners,) int64
+    known: np.ndarray  # (owners × n) bool
+    manual_known: np.ndarray
+    mistaken: np.ndarray
+    hidden: np.ndarray
+    own_pov: np.ndarray
+    visibility: np.ndarray  # (owners × n) float32
+
+    def row(self, owner_key: str) -> int:
+        """Row of an owner key (``character:name`` or ``character:name#nodeId``), or −1."""
+        key = owner_key.lower()
+        base = key.split("#", 1)[0]
+        for i, k in enumerate(self.owner_keys):
+            if k.lower() == key:
+                return i
+        for i, k in enumerate(self.owner_keys):
+            if k.lower().split("#", 1)[0] == base:
+                return i
+        return -1
+
+
+def _owner_base_key(owner_key: str) -> str:
+    return owner_key.lower().split("#", 1)[0]
+
+
+def _knowledge_arrays(
+    state: KnowledgeState, index: dict[str, int], scope_owner_key: np.ndarray, n: int
+) -> KnowledgeArrays:
+    entries = list(state.owners.values())
+    k = len(entries)
+    known = np.zeros((k, n), dtype=bool)
+    manual_known = np.zeros((k, n), dtype=bool)
+    mistaken = np.zeros((k, n), dtype=bool)
+    hidden = np.zeros((k, n), dtype=bool)
+    own_pov = np.zeros((k, n), dtype=bool)
+    visibility = np.zeros((k, n), dtype=np.float32)
+    owner_node = np.full(k, -1, dtype=np.int64)
+
+    def idx(ids: Sequence[str]) -> np.ndarray:
+        return np.fromiter((index[i] for i in ids if i in index), dtype=np.int64)
+
+    for o, entry in enumerate(entries):
+        known[o, idx(entry.known_node_ids)] = True
+        manual_known[o, idx(entry.manual_known_node_ids)] = True
+        mistaken[o, idx(entry.mistaken_node_ids)] = True
+        hidden[o, idx(entry.manual_hidden_node_ids)] = True
+        if entry.visibility_scores:
+            pairs = [(index[nid], s) for nid, s in entry.visibility_scores.items() if nid in index]
+            if pairs:
+                rows, vals = zip(*pairs, strict=True)
+                visibility[o, list(rows)] = vals
+        if entry.node_id and entry.node_id in index:
+            owner_node[o] = index[entry.node_id]
+            known[o, index[entry.node_id]] = True
+        own_pov[o] = scope_owner_key == _owner_base_key(entry.owner_key)
+    return KnowledgeArrays(
+        owner_keys=tuple(e.owner_key for e in entries),
+        owner_types=tuple(e.owner_type for e in entries),
+        owner_names=tuple(e.owner_name for e in entries),
+        aliases=tuple(tuple(a for a in (e.owner_name, *e.aliases) if a) for e in entries),
+        owner_node_index=owner_node,
+        updated_at=np.array([e.updated_at for e in entries], dtype=np.int64),
+        known=known | manual_known,
+        manual_known=manual_known,
+        mistaken=mistaken,
+        hidden=hidden,
+        own_pov=own_pov,
+        visibility=visibility,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The snapshot
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class GraphSnapshot:
+    """Arrays of one chat's graph at one store version (see the module docstring)."""
+
+    chat_id: str
+    version: int
+    model_id: str
+    ids: tuple[str, ...]
+    index: dict[str, int]
+    id_rank: np.ndarray  # (n,) int64: position of each id in byte order
+    type_code: np.ndarray  # (n,) int16 into NODE_TYPES
+    archived: np.ndarray  # (n,) bool
+    seq: np.ndarray  # (n,) int64
+    seq_start: np.ndarray  # (n,) float64, NaN when the node has no finite range
+    seq_end: np.ndarray  # (n,) float64, NaN when the node has no finite range
+    importance: np.ndarray  # (n,) float64
+    created_time: np.ndarray  # (n,) float64 ms
+    is_pov: np.ndarray  # (n,) bool
+    owner_type_code: np.ndarray  # (n,) int8: 0 none, 1 character, 2 user
+    scope_owner_key: np.ndarray  # (n,) object: lower-cased owner key without "#nodeId", "" when objective
+    scope_owner_name: tuple[str, ...]
+    region_primary: tuple[str, ...]
+    region_tokens: tuple[tuple[str, ...], ...]
+    anchor_terms: tuple[tuple[str, ...], ...]
+    anchor_index: dict[str, tuple[int, ...]]  # anchor term → node indices (non-archived), graph order
+    anchor_lengths: tuple[int, ...]  # distinct term lengths, descending
+    visibility: dict[int, tuple[str, ...]]  # node index → names of ``fields.visibility``
+    segment_id: tuple[str, ...]
+    has_story_label: np.ndarray
+    tense_code: np.ndarray
+    span_start_segment: tuple[str, ...]
+    span_end_segment: tuple[str, ...]
+    has_span_label: np.ndarray
+    prev_index: np.ndarray  # (n,) int64, −1 when none/missing
+    next_index: np.ndarray
+    embeddings: np.ndarray  # (n × d) float32, L2-normalised rows, zeros where missing
+    has_vector: np.ndarray  # (n,) bool
+    adjacency: sp.csr_matrix  # (n × n) summed strengths of active normal edges, symmetric
+    inhibit: sp.csr_matrix  # (n × n) summed strengths of active inhibit edges, symmetric
+    temporal_pairs: np.ndarray  # (t × 2) int64 unordered prev/next pairs of non-archived nodes
+    edge_src: np.ndarray  # (e,) int64 of active edges, edge-list order
+    edge_dst: np.ndarray
+    edge_strength: np.ndarray
+    edge_inhibit: np.ndarray
+    edge_relation: tuple[str, ...]
+    edge_ids: tuple[str, ...]
+    incident: sp.csr_matrix  # (n × e) node → incident active edges (values = edge position + 1)
+    valid_until_ms: float  # earliest future invalid_at/expired_at; the snapshot is stale after it
+    knowledge: KnowledgeArrays
+    knowledge_state: KnowledgeState
+    regions: RegionState
+    timeline: TimelineState
+    summaries: SummaryState
+    history: HistoryState
+    journal: tuple[JournalEntry, ...]
+    built_at_ms: int
+    _node_json: tuple[str, ...] = field(repr=False)
+    _nodes: dict[int, Node] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    @property
+    def dim(self) -> int:
+        return int(self.embeddings.shape[1])
+
+    def node(self, i: int) -> Node:
+        """The full node at index ``i`` (parsed on first use, then cached)."""
+        cached = self._nodes.get(i)
+        if cached is not None:
+            return cached
+        node = Node.model_validate_json(self._node_json[i])
+        with self._lock:
+            self._nodes[i] = node
+        return node
+
+    def node_by_id(self, node_id: str) -> Node | None:
+        i = self.index.get(node_id)
+        return None if i is None else self.node(i)
+
+    def type_of(self, i: int) -> str:
+        return NODE_TYPES[int(self.type_code[i])]
+
+    def mask_types(self, types: Sequence[str] | frozenset[str]) -> np.ndarray:
+        codes = [TYPE_CODE[t] for t in types if t in TYPE_CODE]
+        return np.isin(self.type_code, codes)
+
+    @property
+    def finite_range(self) -> np.ndarray:
+        return ~np.isnan(self.seq_end)
+
+    @property
+    def core_mask(self) -> np.ndarray:
+        """Non-archived nodes of always-inject types (no range or visibility filter: reference §3.20)."""
+        return self.mask_types(CORE_TYPES) & ~self.archived
+
+    def active_edges_of(self, i: int) -> list[int]:
+        """Positions (in edge-list order) of the active edges touching node ``i``."""
+        start, end = self.incident.indptr[i], self.incident.indptr[i + 1]
+        return sorted(int(v) - 1 for v in self.incident.data[start:end])
+
+    def scope_of(self, i: int) -> MemoryScope:
+        return self.node(i).scope
+
+
+def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
+    """Build the arrays of a snapshot. O(n + e) numpy work plus one pass over the index rows."""
+    ids = tuple(source.node_ids)
+    n = len(ids)
+    index = {nid: i for i, nid in enumerate(ids)}
+    rows = source.node_index
+    order = sorted(range(n), key=lambda i: ids[i].encode("utf-8"))
+    id_rank = np.empty(n, dtype=np.int64)
+    id_rank[order] = np.arange(n, dtype=np.int64)
+
+    type_code = np.fromiter((TYPE_CODE.get(r.type, -1) for r in rows), dtype=np.int16, count=n)
+    archived = np.fromiter((r.archived for r in rows), dtype=bool, count=n)
+    seq = np.fromiter((r.seq for r in rows), dtype=np.int64, count=n)
+    seq_start = np.fromiter((math.nan if r.seq_start is None else r.seq_start for r in rows), np.float64, n)
+    seq_end = np.fromiter((math.nan if r.seq_end is None else r.seq_end for r in rows), np.float64, n)
+    importance = np.fromiter((r.importance for r in rows), dtype=np.float64, count=n)
+    created = np.fromiter((r.created_time for r in rows), dtype=np.float64, count=n)
+    is_pov = np.fromiter((r.layer == "pov" for r in rows), dtype=bool, count=n)
+    owner_type_code = np.fromiter(
+        ({"character": 1, "user": 2}.get(r.owner_type, 0) for r in rows), dtype=np.int8, count=n
+    )
+    scope_owner_key = np.array([_owner_base_key(r.owner_key) for r in rows], dtype=object)
+    tense_code = np.fromiter((TENSE_CODE.get(r.tense, 0) for r in rows), dtype=np.int8, count=n)
+
+    anchor_index: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        if r.archived:
+            continue
+        for term in r.anchor_terms:
+            anchor_index.setdefault(term, []).append(i)
+    anchor_lengths = tuple(sorted({len(t) for t in anchor_index}, reverse=True))
+
+    prev_index = np.fromiter((index.get(r.prev_id, -1) for r in rows), dtype=np.int64, count=n)
+    next_index = np.fromiter((index.get(r.next_id, -1) for r in rows), dtype=np.int64, count=n)
+
+    # Embeddings: rows aligned to node order; missing vectors stay zero and are masked out.
+    dim = int(source.embeddings.shape[1]) if source.embeddings.ndim == 2 and source.embeddings.size else 0
+    emb = np.zeros((n, dim), dtype=np.float32)
+    has_vec = np.zeros(n, dtype=bool)
+    if dim:
+        pos = np.fromiter((index.get(nid, -1) for nid in source.embedding_ids), dtype=np.int64)
+        keep = pos >= 0
+        mat = np.asarray(source.embeddings, dtype=np.float32)[keep]
+        norms = np.linalg.norm(mat, axis=1)
+        ok = norms > 0
+        emb[pos[keep][ok]] = mat[ok] / norms[ok, None]
+        has_vec[pos[keep][ok]] = True
+
+    # Active edges between non-archived nodes, in edge-list order (reference §1.3).
+    src_l: list[int] = []
+    dst_l: list[int] = []
+    strength_l: list[float] = []
+    inhibit_l: list[bool] = []
+    relation_l: list[str] = []
+    edge_ids_l: list[str] = []
+    valid_until = math.inf
+    for e in source.edges:
+        for t in (e.invalid_at, e.expired_at):
+            if t is not None and t > now_ms:
+                valid_until = min(valid_until, float(t))
+        if (e.invalid_at is not None and e.invalid_at <= now_ms) or (
+            e.expired_at is not None and e.expired_at <= now_ms
+        ):
+            continue
+        a, b = index.get(e.from_id), index.get(e.to_id)
+        if a is None or b is None or a == b or archived[a] or archived[b]:
+            continue
+        src_l.append(a)
+        dst_l.append(b)
+        strength_l.append(e.strength)
+        inhibit_l.append(e.edge_type == INHIBIT_EDGE_TYPE)
+        relation_l.append(e.relation)
+        edge_ids_l.append(e.edge_id)
+    src = np.array(src_l, dtype=np.int64)
+    dst = np.array(dst_l, dtype=np.int64)
+    strength = np.array(strength_l, dtype=np.float64)
+    inhibit_mask = np.array(inhibit_l, dtype=bool)
+
+    def sym(mask: np.ndarray) -> sp.csr_matrix:
+        r = np.concatenate([src[mask], dst[mask]])
+        c = np.concatenate([dst[mask], src[mask]])
+        v = np.concatenate([strength[mask], strength[mask]])
+        m = sp.csr_matrix((v, (r, c)), shape=(n, n))
+        m.sum_duplicates()
+        return m
+
+    adjacency = sym(~inhibit_mask) if len(src) else sp.csr_matrix((n, n))
+    inhibit = sym(inhibit_mask) if len(src) else sp.csr_matrix((n, n))
+    e_count = len(src)
+    epos = np.arange(e_count, dtype=np.int64)
+    incident = sp.csr_matrix(
+        (np.concatenate([epos + 1, epos + 1]).astype(np.float64),
+         (np.concatenate([src, dst]), np.concatenate([epos, epos]))),
+        shape=(n, e_count),
+    )
+
+    # Temporal links: prev/next chain between non-archived nodes, once per unordered pair.
+    pairs: list[np.ndarray] = []
+    for neighbour in (prev_index, next_index):
+        ok = (neighbour >= 0) & ~archived
+        a = np.nonzero(ok)[0]
+        b = neighbour[ok]
+        ok2 = ~archived[b] & (a != b)
+        pairs.append(np.stack([np.minimum(a[ok2], b[ok2]), np.maximum(a[ok2], b[ok2])], axis=1))
+    temporal_pairs = np.unique(np.concatenate(pairs), axis=0) if pairs else np.zeros((0, 2), dtype=np.int64)
+
+    knowledge = _knowledge_arrays(source.knowledge, index, scope_owner_key, n)
+    return GraphSnapshot(
+        chat_id=source.chat_id,
+        version=source.version,
+        model_id=source.model_id,
+        ids=ids,
+        index=index,
+        id_rank=id_rank,
+        type_code=type_code,
+        archived=archived,
+        seq=seq,
+        seq_start=seq_start,
+        seq_end=seq_end,
+        importance=importance,
+        created_time=created,
+        is_pov=is_pov,
+        owner_type_code=owner_type_code,
+        scope_owner_key=scope_owner_key,
+        scope_owner_name=tuple(r.owner_name for r in rows),
+        region_primary=tuple(r.region_primary for r in rows),
+        region_tokens=tuple(r.region_tokens for r in rows),
+        anchor_terms=tuple(r.anchor_terms for r in rows),
+        anchor_index={t: tuple(v) for t, v in anchor_index.items()},
+        anchor_lengths=anchor_lengths,
+        visibility={i: r.visibility for i, r in enumerate(rows) if r.visibility is not None},
+        segment_id=tuple(r.segment_id for r in rows),
+        has_story_label=np.fromiter((r.has_story_label for r in rows), dtype=bool, count=n),
+        tense_code=tense_code,
+        span_start_segment=tuple(r.span_start_segment for r in rows),
+        span_end_segment=tuple(r.span_end_segment for r in rows),
+        has_span_label=np.fromiter((r.has_span_label for r in rows), dtype=bool, count=n),
+        prev_index=prev_index,
+        next_index=next_index,
+        embeddings=emb,
+        has_vector=has_vec,
+        adjacency=adjacency,
+        inhibit=inhibit,
+        temporal_pairs=temporal_pairs.astype(np.int64),
+        edge_src=src,
+        edge_dst=dst,
+        edge_strength=strength,
+        edge_inhibit=inhibit_mask,
+        edge_relation=tuple(relation_l),
+        edge_ids=tuple(edge_ids_l),
+        incident=incident,
+        valid_until_ms=valid_until,
+        knowledge=knowledge,
+        knowledge_state=source.knowledge,
+        regions=source.regions,
+        timeline=source.timeline,
+        summaries=source.summaries,
+        history=source.history,
+        journal=tuple(source.journal),
+        built_at_ms=now_ms,
+        _node_json=tuple(source.node_json),
+    )
+
+
+def snapshot_from_graph(
+    graph: MemoryGraph,
+    *,
+    now_ms: int,
+    chat_id: str = "test",
+    version: int = 1,
+    embeddings: dict[str, np.ndarray] | None = None,
+    model_id: str = "",
+) -> GraphSnapshot:
+    """Build a snapshot straight from a :class:`MemoryGraph` (tests, benchmarks, evaluation)."""
+    embeddings = embeddings or {}
+    emb_ids = [n.id for n in graph.nodes if n.id in embeddings]
+    mat = (
+        np.stack([np.asarray(embeddings[i], dtype=np.float32) for i in emb_ids])
+        if emb_ids
+        else np.zeros((0, 0), dtype=np.float32)
+    )
+    source = SnapshotSource(
+        chat_id=chat_id,
+        version=version,
+        node_ids=[n.id for n in graph.nodes],
+        node_index=[node_index(n) for n in graph.nodes],
+        node_json=[n.model_dump_json() for n in graph.nodes],
+        edges=[EdgeRow.of(e) for e in graph.edges],
+        model_id=model_id,
+        embedding_ids=emb_ids,
+        embeddings=mat,
+        knowledge=graph.knowledge,
+        regions=graph.regions,
+        timeline=graph.timeline,
+        summaries=graph.summaries,
+        history=graph.history,
+        journal=list(graph.batch_journal),
+    )
+    return build_snapshot(source, now_ms=now_ms)
+
+
+class SnapshotCache:
+    """Keeps the latest snapshot per (chat, model) and rebuilds it only when it went stale."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[str, str], GraphSnapshot] = {}
+        self._lock = threading.Lock()
+
+    def get(self, store: Any, chat_id: str, model_id: str, *, now_ms: int) -> GraphSnapshot:
+        """The cached snapshot if its version and edge horizon are current, else a freshly built one."""
+        key = (chat_id, model_id)
+        version = store.chat_version(chat_id)
+        with self._lock:
+            snap = self._items.get(key)
+        if snap is not None and snap.version == version and now_ms < snap.valid_until_ms:
+            return snap
+        snap = build_snapshot(store.snapshot_source(chat_id, model_id), now_ms=now_ms)
+        with self._lock:
+            self._items[key] = snap
+        return snap
+
+    def invalidate(self, chat_id: str | None = None) -> None:
+        with self._lock:
+            if chat_id is None:
+                self._items.clear()
+            else:
+                for key in [k for k in self._items if k[0] == chat_id]:
+                    del self._items[key]
