@@ -1,0 +1,202 @@
+"""Lexical field matching (reference §3.12 step 1, scenario §6.1 6; recall-spec departure 8).
+
+Public functions
+----------------
+* :func:`lexical_units` ``(text, *, reference=False) -> list[str]`` — the matching units of a text,
+  deduplicated in first-occurrence order.
+* :func:`field_match` ``(field, sources, exact, includes, overlap, *, reference=False) -> float`` — best
+  match of one node field against the lexical query sources: per non-empty source ``s`` (normalised), ``s ==
+  f`` → ``exact`` (nothing else for that source); otherwise ``includes`` when ``min(len s, len f) ≥ 2``
+  (JS length) and one contains the other, and always ``overlap · |units(s) ∩ units(f)| / |units(s)|``
+  (0 when ``s`` has no units; the spec leaves that division undefined). Result ``min(1, max)``, 0 for an
+  empty field. O(#sources · (len f + len s)).
+* :func:`lexical_score` ``(primary_texts, secondary_texts, sources, *, reference=False) -> float`` —
+  ``P`` = max over primary texts (name/title) of ``field_match(·, 1.0, 0.92, 0.72)``, ``S`` = max over
+  secondary texts (summary, …) of ``field_match(·, 0.82, 0.68, 0.52)``, ``T = field_match(" ".join(primary +
+  secondary), 0.65, 0.55, 0.45)``; 0 when all three are 0, else ``min(1, max(P, 0.82·S, 0.7·T, 0.75·P +
+  0.35·S + 0.2·T))``.
+* :func:`prepare_sources` ``(sources, *, reference=False) -> LexicalSources`` — normalises the sources and
+  computes their units once; pass the result to :func:`lexical_score` / :func:`field_match` for every
+  candidate of a recall (the kernel runs per candidate, a few hundred times).
+
+Unit classes
+------------
+``reference=True`` is the reference exactly: on ``NL(text)``, maximal runs of ``[a-z0-9]`` and of CJK
+U+4E00–U+9FFF; every run of length ≥ 2 is a unit; a CJK run longer than 2 also adds all its character
+bigrams. Everything else is a separator, so accented Latin, kana, hangul, Cyrillic and CJK Ext-A score 0
+(reference §7 item 16).
+
+The default (departure 8) first applies NFKC (full-width Latin and digits become ASCII, decomposed accents
+compose, compatibility ideographs become unified ones) and then ``NL``, and recognises five run classes:
+
+* Latin words: ASCII letters and digits, Latin-1/Extended-A/Extended-B/Extended Additional letters, and
+  combining marks inside a word (``café``, ``straße``, ``ngô``);
+* Cyrillic words (U+0400–U+052F);
+* CJK ideographs: U+4E00–U+9FFF plus Extension A U+3400–U+4DBF (and 〆/々/〇);
+* kana: hiragana, katakana (incl. ー, not the separator ・) and half-width katakana;
+* hangul: syllables and jamo.
+
+Latin and Cyrillic runs are space-delimited words (units when length ≥ 2, as the reference's ASCII runs).
+CJK, kana and hangul runs add their bigrams when longer than 2 (like the reference's CJK runs): Japanese
+and Chinese have no word spaces, and Korean words carry particles (``서울에서`` still shares ``서울``). A
+script change ends a run. On ASCII/CJK-only text both modes give the same units, so scenario 6 holds in
+both; ``field_match``'s ``exact``/``includes`` tests compare the same normalised strings as the units.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from memory_recall.text.normalize import js_len, normalize_lexical
+
+__all__ = ["LexicalSources", "field_match", "lexical_score", "lexical_units", "prepare_sources"]
+
+# Reference §3.12 step 1: runs of [a-z0-9] or of U+4E00–U+9FFF.
+_REF_TOKEN = re.compile(r"[a-z0-9]+|[\u4e00-\u9fff]+")
+_REF_CJK = re.compile(r"[\u4e00-\u9fff]+")
+
+_LATIN = (
+    r"0-9a-z\u00aa\u00b5\u00ba\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u1e00-\u1eff"
+    r"\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff"
+)
+_CYRILLIC = r"\u0400-\u052f\u1c80-\u1c8f\u2de0-\u2dff\ua640-\ua69f"
+_CJK = r"\u3005\u3006\u3007\u3400-\u4dbf\u4e00-\u9fff"
+_KANA = r"\u3041-\u309f\u30a0-\u30fa\u30fc-\u30ff\u31f0-\u31ff\uff66-\uff9f"  # not ・ U+30FB
+_HANGUL = r"\u1100-\u11ff\u3130-\u318f\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff"
+# Group order = class: 1 Latin, 2 Cyrillic, 3 CJK, 4 kana, 5 hangul (3–5 are bigram classes).
+_EXT_TOKEN = re.compile(f"([{_LATIN}]+)|([{_CYRILLIC}]+)|([{_CJK}]+)|([{_KANA}]+)|([{_HANGUL}]+)")
+_BIGRAM_GROUPS = frozenset({3, 4, 5})
+
+
+def _normalise(text: object, reference: bool) -> str:
+    if text is None:
+        return ""
+    if reference:
+        return normalize_lexical(text)
+    return normalize_lexical(unicodedata.normalize("NFKC", str(text)))
+
+
+def _add_run(out: dict[str, None], token: str, bigrams: bool) -> None:
+    if js_len(token) >= 2:
+        out[token] = None
+    if bigrams and len(token) > 2:
+        for i in range(len(token) - 1):
+            out[token[i : i + 2]] = None
+
+
+@functools.lru_cache(maxsize=8192)
+def _units_of_normalised(norm: str, reference: bool) -> tuple[str, ...]:
+    out: dict[str, None] = {}  # insertion-ordered set: dedupe keeping first occurrence
+    if reference:
+        for m in _REF_TOKEN.finditer(norm):
+            tok = m.group(0)
+            _add_run(out, tok, _REF_CJK.fullmatch(tok) is not None)
+    else:
+        for m in _EXT_TOKEN.finditer(norm):
+            _add_run(out, m.group(0), m.lastindex in _BIGRAM_GROUPS)
+    return tuple(out)
+
+
+def lexical_units(text: object, *, reference: bool = False) -> list[str]:
+    """Matching units of ``text`` (module docstring), first-occurrence order.
+
+    >>> lexical_units("Alice 现在怎么样了")
+    ['alice', '现在怎么样了', '现在', '在怎', '怎么', '么样', '样了']
+    """
+    return list(_units_of_normalised(_normalise(text, reference), reference))
+
+
+@dataclass(frozen=True)
+class _Source:
+    text: str
+    length: int
+    units: frozenset[str]
+
+
+@dataclass(frozen=True)
+class LexicalSources:
+    """Normalised lexical query sources with their units, computed once per recall."""
+
+    items: tuple[_Source, ...]
+    reference: bool = False
+
+
+def prepare_sources(sources: Sequence[str] | LexicalSources, *, reference: bool = False) -> LexicalSources:
+    """Normalise the query sources once; empty ones are dropped (they never match)."""
+    if isinstance(sources, LexicalSources):
+        if sources.reference != reference:
+            raise ValueError("prepared sources were built with a different 'reference' mode.")
+        return sources
+    items = []
+    for src in sources:
+        s = _normalise(src, reference)
+        if s:
+            items.append(_Source(s, js_len(s), frozenset(_units_of_normalised(s, reference))))
+    return LexicalSources(tuple(items), reference)
+
+
+def _field_match(
+    field: object, prepared: LexicalSources, exact: float, includes: float, overlap: float
+) -> float:
+    f = _normalise(field, prepared.reference)
+    if not f:
+        return 0.0
+    f_len = js_len(f)
+    f_units: frozenset[str] | None = None
+    best = 0.0
+    for src in prepared.items:
+        if src.text == f:
+            best = max(best, exact)
+            continue
+        if min(src.length, f_len) >= 2 and (src.text in f or f in src.text):
+            best = max(best, includes)
+        if src.units:
+            if f_units is None:
+                f_units = frozenset(_units_of_normalised(f, prepared.reference))
+            best = max(best, overlap * len(src.units & f_units) / len(src.units))
+    return min(1.0, best)
+
+
+def field_match(
+    field: object,
+    sources: Sequence[str] | LexicalSources,
+    exact: float,
+    includes: float,
+    overlap: float,
+    *,
+    reference: bool = False,
+) -> float:
+    """Reference ``fieldMatch``: best exact / containment / unit-overlap match of one field.
+
+    >>> field_match("Alice", ["Alice 现在怎么样了"], 1.0, 0.92, 0.72)
+    0.92
+    """
+    return _field_match(field, prepare_sources(sources, reference=reference), exact, includes, overlap)
+
+
+def lexical_score(
+    primary_texts: Sequence[str],
+    secondary_texts: Sequence[str],
+    sources: Sequence[str] | LexicalSources,
+    *,
+    reference: bool = False,
+) -> float:
+    """Reference lexical score of one node: primary (name/title) and secondary (summary …) fields.
+
+    >>> round(lexical_score([], ["hello world"], ["Hello   World"]), 6)
+    0.6724
+    """
+    prepared = prepare_sources(sources, reference=reference)
+    if not prepared.items:
+        return 0.0
+    p = max((_field_match(t, prepared, 1.0, 0.92, 0.72) for t in primary_texts), default=0.0)
+    s = max((_field_match(t, prepared, 0.82, 0.68, 0.52) for t in secondary_texts), default=0.0)
+    joined = " ".join(str(t) for t in (*primary_texts, *secondary_texts) if t is not None)
+    t = _field_match(joined, prepared, 0.65, 0.55, 0.45)
+    if p == 0 and s == 0 and t == 0:
+        return 0.0
+    return min(1.0, max(p, 0.82 * s, 0.7 * t, 0.75 * p + 0.35 * s + 0.2 * t))

@@ -1,0 +1,324 @@
+"""Types every pipeline stage shares: the query, the state passed from stage to stage, traces and explanations.
+
+Stage contract (every module of ``memory_recall/pipeline`` except this one and ``retrieve.py`` follows it):
+
+* A stage is a small class with a light ``__init__`` that stores its settings section (and the providers it
+  needs) unchanged, and one method ``run(state: RecallState) -> StageResult``.
+* ``run`` never mutates ``state`` (nor the snapshot it points to): it returns a new state built with
+  :meth:`RecallState.evolve` plus a :class:`StageTrace`.
+* A stage that has nothing to do (disabled, empty input, missing provider) returns the state unchanged and a
+  trace with ``skipped=True`` and a stable ``skip_reason`` code.
+* Scores named ``*_score`` are higher-is-better; a ``*_rank`` is a 1-based position; each trace states its
+  score kind and direction.
+* Arrays of node indices refer to ``state.snapshot`` positions; ties break by ``snapshot.id_rank`` (byte order
+  of node ids) unless the reference defines another order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from memory_recall.store.snapshot import GraphSnapshot
+
+__all__ = [
+    "EMPTY_INDEX",
+    "BlendPart",
+    "Candidates",
+    "ContextInfo",
+    "Explanation",
+    "ExplanationPart",
+    "OwnerCandidate",
+    "Providers",
+    "QueryPlan",
+    "RecallQuery",
+    "RecallState",
+    "ScoredTable",
+    "StageResult",
+    "StageTrace",
+    "VectorStatus",
+    "timed",
+]
+
+EMPTY_INDEX = np.zeros(0, dtype=np.int64)
+ScoreDirection = Literal["higher_is_better", "lower_is_better", "none"]
+
+
+@dataclass(frozen=True)
+class RecallQuery:
+    """What one recall is asked: the user's text, recent context lines and the scene the host reports.
+
+    ``recent_lines`` are ``"[user]: …"`` / ``"[assistant]: …"`` lines (reference §2.2), the current message
+    usually last. ``active_owner_keys`` given by the caller are final for this recall (recall-spec departure
+    2); ``None`` means "infer them". ``now_ms`` and ``seed`` make the recall deterministic.
+    """
+
+    user_message: str
+    recent_lines: tuple[str, ...] = ()
+    now_ms: int = 0
+    seed: int = 0
+    chat_id: str = ""
+    user_floor: int | None = None
+    active_region: str = ""
+    active_owner_keys: tuple[str, ...] | None = None
+    active_character_pov_owner: str = ""
+    active_user_pov_owner: str = ""
+    active_story_segment_id: str = ""
+    active_story_time_label: str = ""
+    visibility_filter: str = ""
+    host_character_name: str = ""
+    host_user_name: str = ""
+
+
+@dataclass(frozen=True)
+class StageTrace:
+    """What one stage did: counts, time, the kind and direction of the score it produced, why it skipped."""
+
+    name: str
+    elapsed_ms: float = 0.0
+    count_in: int = 0
+    count_out: int = 0
+    score_kind: str = "none"
+    score_direction: ScoreDirection = "none"
+    skipped: bool = False
+    skip_reason: str = ""
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ExplanationPart:
+    """One additive part of a node's score: ``contribution = value × weight`` (after all multipliers)."""
+
+    name: str
+    value: float
+    weight: float
+    contribution: float
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a node was selected: additive parts that sum to ``score``, and the multipliers folded into them."""
+
+    node_id: str
+    score: float
+    score_kind: str
+    parts: tuple[ExplanationPart, ...]
+    multipliers: dict[str, float]
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def total(self) -> float:
+        return float(sum(p.contribution for p in self.parts))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class OwnerCandidate:
+    """A scene-owner candidate (reference §3.1, §3.13)."""
+
+    owner_key: str
+    owner_name: str
+    score: float
+    sources: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ContextInfo:
+    """Resolved scene context (reference §3.1): owners, region, story time, cue mode."""
+
+    owner_catalog: tuple[str, ...] = ()  # knowledge owner keys of type character
+    owner_candidates: tuple[OwnerCandidate, ...] = ()
+    owner_keys: tuple[str, ...] = ()  # preliminary (or caller-given) scene owners
+    owner_scores: tuple[float, ...] = ()
+    owner_mode: str = "unresolved"  # heuristic | request | unresolved
+    active_character_pov_owner: str = ""
+    active_user_pov_owner: str = ""
+    active_region: str = ""
+    active_region_source: str = ""
+    adjacent_regions: tuple[str, ...] = ()
+    story_segment_id: str = ""
+    story_segment_label: str = ""
+    story_segment_order: int | None = None
+    story_source: str = ""
+    cue_mode: str = "none"  # none | flashback | future
+
+
+@dataclass(frozen=True)
+class BlendPart:
+    """One part of the context query blend (reference §3.5)."""
+
+    kind: str  # currentUser | assistantContext | previousUser
+    label: str
+    text: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """Query blend, vector queries (text, weight) and lexical query sources (reference §3.5–§3.6)."""
+
+    parts: tuple[BlendPart, ...] = ()
+    active: bool = False
+    combined_text: str = ""
+    vector_queries: tuple[tuple[str, float], ...] = ()
+    lexical_sources: tuple[str, ...] = ()
+    segments: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class VectorStatus:
+    """Whether semantic search ran, and why not (recall-spec departure 3)."""
+
+    retrieval_status: str = "ok"  # ok | lexical_fallback | disabled
+    semantic_search_used: bool = False
+    failure_category: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The score map (reference §3.10): candidate node indices in insertion order with their raw scores.
+
+    ``graph_score`` is the diffusion energy (0..2), ``vector_score`` the blend-weighted similarity,
+    ``vector_raw`` the raw cosine similarity (thresholds use it: recall-spec departure 4), ``bm25_score`` the
+    normalised BM25 score in [0, 1].
+    """
+
+    index: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
+    graph_score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    vector_score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    vector_raw: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    bm25_score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cooccurrence_boost: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+
+@dataclass(frozen=True)
+class ScoredTable:
+    """Scored, gated and ordered candidates (reference §3.12), one row per surviving node, in ranking order.
+
+    The additive explanation of row ``r`` is ``parts[r]`` (graph, vector, lexical, importance) whose sum equals
+    ``weighted_score[r]``.
+    """
+
+    index: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
+    final_score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    weighted_score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    graph_score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    vector_score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    lexical_score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    parts: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))  # graph, vector, lexical, importance
+    decay: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    scope_bucket: tuple[str, ...] = ()
+    scope_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    knowledge_mode: tuple[str, ...] = ()
+    knowledge_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    knowledge_visibility: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    owner_coverage: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    owner_coverage_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    temporal_bucket: tuple[str, ...] = ()
+    temporal_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+    def row_of(self, node_index: int) -> int:
+        hits = np.nonzero(self.index == node_index)[0]
+        return int(hits[0]) if hits.size else -1
+
+
+@dataclass(frozen=True)
+class RecallState:
+    """Everything the stages hand on. Built fresh by each stage through :meth:`evolve`."""
+
+    snapshot: GraphSnapshot
+    query: RecallQuery
+    context: ContextInfo = field(default_factory=ContextInfo)
+    active: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # (n,) recall-eligible
+    plan: QueryPlan = field(default_factory=QueryPlan)
+    query_vectors: np.ndarray | None = None  # (q × d), rows aligned with plan.vector_queries
+    vector_status: VectorStatus = field(default_factory=VectorStatus)
+    vector_hits: tuple[np.ndarray, np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (EMPTY_INDEX, np.zeros(0), np.zeros(0))
+    )  # (index, weighted score, raw cosine), merged and ordered (reference §3.7)
+    vector_raw_hit_count: int = 0
+    bm25_hits: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (EMPTY_INDEX, np.zeros(0)))
+    anchors: tuple[tuple[int, str], ...] = ()  # (node index, matched term), exact anchors
+    supplemental_anchors: tuple[int, ...] = ()
+    residual_hits: tuple[tuple[int, float], ...] = ()
+    diffusion: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (EMPTY_INDEX, np.zeros(0)))
+    candidates: Candidates = field(default_factory=Candidates)
+    scored: ScoredTable = field(default_factory=ScoredTable)
+    pool: tuple[int, ...] = ()  # candidate pool after DPP (node indices, pool order)
+    selection: tuple[int, ...] = ()  # current selection (node indices, selection order)
+    final_owner_keys: tuple[str, ...] = ()
+    final_owner_scores: tuple[float, ...] = ()
+    final_owner_mode: str = "unresolved"
+    probabilistic: tuple[int, ...] = ()  # indices added by probabilistic recall
+    reinforced: tuple[int, ...] = ()  # indices to reinforce (written by the controller with the record)
+    llm: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    skip_reasons: tuple[str, ...] = ()
+    traces: tuple[StageTrace, ...] = ()
+
+    def evolve(self, **changes: Any) -> RecallState:
+        """A new state with ``changes`` applied (the old one is untouched)."""
+        return dataclasses.replace(self, **changes)
+
+    def with_meta(self, **items: Any) -> dict[str, Any]:
+        """A copy of ``meta`` with ``items`` added."""
+        merged = dict(self.meta)
+        merged.update(items)
+        return merged
+
+    def with_skip(self, reason: str) -> tuple[str, ...]:
+        """``skip_reasons`` with ``reason`` appended once (ordered, unique)."""
+        return self.skip_reasons if reason in self.skip_reasons else (*self.skip_reasons, reason)
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What ``Stage.run`` returns."""
+
+    state: RecallState
+    trace: StageTrace
+
+
+@contextmanager
+def timed() -> Iterator[list[float]]:
+    """``with timed() as t: ...`` then ``t[0]`` is the elapsed time in milliseconds."""
+    box = [0.0]
+    start = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box[0] = (time.perf_counter() - start) * 1000.0
+
+
+@dataclass(frozen=True)
+class Providers:
+    """External services a recall may use; each may be ``None`` (the stage then skips with a reason).
+
+    ``embedder`` follows ``memory_recall.providers.embedding.Embedder`` (``embed_query(text) -> (d,)``,
+    ``model_id``, ``dim``); ``llm`` follows ``memory_recall.providers.llm.ChatLLM``; ``lexical_index`` is the
+    BM25 channel: ``lexical_index(terms, limit) -> [(node_id, score)]`` higher-is-better (the store's FTS5).
+    """
+
+    embedder: Any = None
+    llm: Any = None
+    lexical_index: Any = None
+    strict: bool = False

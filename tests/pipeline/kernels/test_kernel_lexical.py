@@ -1,0 +1,154 @@
+"""Lexical kernel: reference §3.12 step 1 / scenario 6 (in both unit modes), unit classes (reference and
+departure 8), field matching rules and prepared sources."""
+
+from __future__ import annotations
+
+import pytest
+
+from memory_recall.pipeline.kernels import field_match, lexical_score, lexical_units, prepare_sources
+
+MODES = [pytest.param(False, id="extended"), pytest.param(True, id="reference")]
+
+
+class TestScenario6:
+    @pytest.mark.parametrize("reference", MODES)
+    @pytest.mark.parametrize(
+        ("primary", "secondary", "source", "expected"),
+        [
+            (["Alice"], [], "alice", 1.0),
+            (["Alice"], ["常驻角色"], "Alice 现在怎么样了", 0.92),
+            (["Bob"], [], "Alice 现在怎么样了", 0.0),
+            (["A"], [], "A", 1.0),
+            ([], ["hello world"], "Hello   World", 0.6724),
+            (["red dragon attack"], [], "the dragon attack was fierce", 0.288),
+            ([], ["艾琳觉得钟楼入口非常可疑"], "钟楼里到底有什么", 0.0533),
+        ],
+    )
+    def test_scenario_6_values(self, reference, primary, secondary, source, expected) -> None:
+        got = lexical_score(primary, secondary, [source], reference=reference)
+        assert got == pytest.approx(expected, abs=1e-4)
+
+    def test_scenario_6_exact_arithmetic(self) -> None:
+        # 0.82·S with S exact (0.82); 0.82·(0.52/8) for the CJK case.
+        assert lexical_score([], ["hello world"], ["Hello   World"]) == pytest.approx(0.82 * 0.82, abs=1e-15)
+        assert lexical_score([], ["艾琳觉得钟楼入口非常可疑"], ["钟楼里到底有什么"]) == pytest.approx(
+            0.82 * 0.52 / 8, abs=1e-15
+        )
+
+
+class TestReferenceUnits:
+    def test_ascii_and_cjk_runs_with_bigrams(self) -> None:
+        assert lexical_units("Alice 现在怎么样了", reference=True) == [
+            "alice", "现在怎么样了", "现在", "在怎", "怎么", "么样", "样了",
+        ]
+
+    def test_short_tokens_and_two_char_cjk(self) -> None:
+        # one-character tokens are not units; a 2-character CJK run adds no extra bigrams
+        assert lexical_units("a 好 ab 钟楼 x1", reference=True) == ["ab", "钟楼", "x1"]
+
+    def test_dedupe_keeps_first_occurrence(self) -> None:
+        assert lexical_units("abc 钟楼钟 abc", reference=True) == ["abc", "钟楼钟", "钟楼", "楼钟"]
+
+    def test_other_scripts_are_ignored(self) -> None:
+        for text in ("café", "ありがとう", "서울에서", "привет", "㐀㐁"):
+            assert lexical_units(text, reference=True) in ([], ["caf"]), text
+        assert lexical_units("café", reference=True) == ["caf"]
+
+    def test_mixed_script_word_splits(self) -> None:
+        assert lexical_units("abc中文def", reference=True) == ["abc", "中文", "def"]
+
+
+class TestExtendedUnits:
+    def test_same_as_reference_on_ascii_and_cjk(self) -> None:
+        texts = (
+            "Alice 现在怎么样了",
+            "the dragon attack was fierce",
+            "艾琳觉得钟楼入口非常可疑",
+            "x1 y22 钟楼",
+        )
+        for text in texts:
+            assert lexical_units(text) == lexical_units(text, reference=True), text
+
+    def test_accented_latin_words(self) -> None:
+        assert lexical_units("Café Straße NGÔ") == ["café", "straße", "ngô"]
+
+    def test_decomposed_accents_compose(self) -> None:
+        assert lexical_units("Cafe\u0301") == ["café"]
+
+    def test_full_width_latin_folds_to_ascii(self) -> None:
+        assert lexical_units("ＡＢＣ １２") == ["abc", "12"]
+
+    def test_cyrillic_words(self) -> None:
+        assert lexical_units("Привет, мир!") == ["привет", "мир"]
+
+    def test_kana_runs_add_bigrams(self) -> None:
+        assert lexical_units("ありがとう") == ["ありがとう", "あり", "りが", "がと", "とう"]
+
+    def test_katakana_middle_dot_separates(self) -> None:
+        assert lexical_units("アリス・ベル") == ["アリス", "アリ", "リス", "ベル"]
+
+    def test_kanji_and_kana_are_separate_runs(self) -> None:
+        assert lexical_units("東京タワー") == ["東京", "タワー", "タワ", "ワー"]
+
+    def test_hangul_runs_add_bigrams(self) -> None:
+        assert lexical_units("서울에서") == ["서울에서", "서울", "울에", "에서"]
+
+    def test_cjk_extension_a(self) -> None:
+        assert lexical_units("㐀㐁㐂") == ["㐀㐁㐂", "㐀㐁", "㐁㐂"]
+
+    def test_script_change_ends_a_run(self) -> None:
+        assert lexical_units("abcпривет") == ["abc", "привет"]
+
+    def test_accented_name_now_matches(self) -> None:
+        assert lexical_score(["Zoë"], [], ["where is zoë now"]) == pytest.approx(0.92)
+        assert lexical_score(["Zoë"], [], ["where is zoë now"], reference=True) == pytest.approx(0.92)
+        # Unit overlap only (exact/includes weights 0): the reference sees "zo", not "zoë", and no Cyrillic.
+        assert field_match("Zoë", ["zoë left, brook stayed"], 0, 0, 0.72) == pytest.approx(0.72 / 4)
+        assert field_match("Zoë Brook", ["zoe left"], 0, 0, 0.72) == 0.0
+        assert field_match("Zoë Brook", ["zoe left"], 0, 0, 0.72, reference=True) == 0.0
+        assert field_match("Иван", ["где Иван, брат"], 0, 0, 0.72) == pytest.approx(0.24)
+        assert field_match("Иван", ["где Иван, брат"], 0, 0, 0.72, reference=True) == 0.0
+
+
+class TestFieldMatch:
+    def test_exact_beats_everything_and_has_no_length_limit(self) -> None:
+        assert field_match("A", ["a"], 1.0, 0.92, 0.72) == 1.0
+
+    def test_includes_needs_two_characters(self) -> None:
+        assert field_match("a", ["ab"], 1.0, 0.92, 0.72) == 0.0
+        assert field_match("ab", ["abc"], 1.0, 0.92, 0.72) == pytest.approx(0.92)
+
+    def test_empty_field_and_empty_sources(self) -> None:
+        assert field_match("", ["abc"], 1.0, 0.92, 0.72) == 0.0
+        assert field_match("abc", ["", "   "], 1.0, 0.92, 0.72) == 0.0
+        assert lexical_score(["abc"], [], []) == 0.0
+
+    def test_source_without_units_contributes_no_overlap(self) -> None:
+        assert field_match("x!", ["!"], 1.0, 0.92, 0.72) == 0.0
+
+    def test_best_over_several_sources_capped_at_one(self) -> None:
+        assert field_match("dragon", ["the dragon", "cat"], 1.5, 0.92, 0.72) == pytest.approx(0.92)
+        assert field_match("dragon", ["Dragon"], 1.5, 0.92, 0.72) == 1.0
+
+    def test_overlap_is_relative_to_source_units(self) -> None:
+        assert field_match("red dragon", ["dragon lair deep"], 1.0, 0.92, 0.72) == pytest.approx(0.72 / 3)
+
+
+class TestPreparedSources:
+    def test_prepared_sources_give_the_same_scores(self) -> None:
+        sources = ["Alice 现在怎么样了", "the dragon attack", ""]
+        prepared = prepare_sources(sources)
+        for primary, secondary in ((["Alice"], ["常驻角色"]), (["red dragon"], []), ([], ["nothing"])):
+            assert lexical_score(primary, secondary, prepared) == lexical_score(primary, secondary, sources)
+        assert len(prepared.items) == 2  # the empty source is dropped once
+
+    def test_mode_mismatch_raises(self) -> None:
+        with pytest.raises(ValueError, match="reference"):
+            lexical_score(["a"], [], prepare_sources(["a"]), reference=True)
+
+    def test_combined_evidence_and_cap(self) -> None:
+        # P includes 0.92, S includes 0.68, T = joined "bob smith" overlaps 2 of 3 source units: 0.45·2/3.
+        got = lexical_score(["Bob"], ["smith"], ["bob the smith"])
+        assert got == pytest.approx(0.75 * 0.92 + 0.35 * 0.68 + 0.2 * 0.3, abs=1e-12)
+        # Joined text "bob the smith" equals the source: 0.75·0.92 + 0.35·0.68 + 0.2·0.65 > 1 → capped.
+        assert lexical_score(["Bob"], ["the smith"], ["bob the smith"]) == 1.0
