@@ -507,10 +507,10 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     pairs: list[np.ndarray] = []
     for neighbour in (prev_index, next_index):
         ok = (neighbour >= 0) & ~archived
-        a = np.nonzero(ok)[0]
-        b = neighbour[ok]
-        ok2 = ~archived[b] & (a != b)
-        pairs.append(np.stack([np.minimum(a[ok2], b[ok2]), np.maximum(a[ok2], b[ok2])], axis=1))
+        left = np.nonzero(ok)[0]
+        right = neighbour[ok]
+        ok2 = ~archived[right] & (left != right)
+        pairs.append(np.stack([np.minimum(left[ok2], right[ok2]), np.maximum(left[ok2], right[ok2])], axis=1))
     temporal_pairs = np.unique(np.concatenate(pairs), axis=0) if pairs else np.zeros((0, 2), dtype=np.int64)
 
     knowledge = _knowledge_arrays(source.knowledge, index, scope_owner_key, n)
