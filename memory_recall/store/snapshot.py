@@ -230,7 +230,7 @@ class KnowledgeArrays:
     mistaken: np.ndarray
     hidden: np.ndarray
     own_pov: np.ndarray
-    visibility: np.ndarray  # (owners × n) float32
+    visibility: np.ndarray  # (owners × n) float64
 
     def row(self, owner_key: str) -> int:
         """Row of an owner key (``character:name`` or ``character:name#nodeId``), or −1."""
@@ -259,7 +259,7 @@ def _knowledge_arrays(
     mistaken = np.zeros((k, n), dtype=bool)
     hidden = np.zeros((k, n), dtype=bool)
     own_pov = np.zeros((k, n), dtype=bool)
-    visibility = np.zeros((k, n), dtype=np.float32)
+    visibility = np.zeros((k, n), dtype=np.float64)
     owner_node = np.full(k, -1, dtype=np.int64)
 
     def idx(ids: Sequence[str]) -> np.ndarray:

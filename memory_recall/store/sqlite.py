@@ -105,7 +105,8 @@ DB_FILENAME = "memory-recall.sqlite3"
 #: ``PRAGMA application_id`` of a memory-recall store ("MREC"): a foreign SQLite file is refused, not altered.
 APPLICATION_ID = 0x4D524543
 MAX_CHAT_ID_LENGTH = 128
-_CHAT_ID_PUNCT = frozenset("_-.:@")
+# Spaces are allowed inside ids because chat hosts name chats "Seraphina - 2023-11-10@20h46m36s".
+_CHAT_ID_PUNCT = frozenset("_-.:@ ")
 # BM25 column weights (primary, secondary, body); the term columns come first in nodes_fts so that these are
 # the first three bm25() arguments. Leading UNINDEXED columns would silently take the weights instead.
 BM25_WEIGHTS = (3.0, 2.0, 1.0)
@@ -148,8 +149,9 @@ def default_data_dir(explicit: str | Path | None = None) -> Path:
 def validate_chat_id(chat_id: object) -> str:
     """Return ``chat_id`` if it is a valid chat id, else raise ``InputError("chat_id", reason)``.
 
-    Valid: 1–128 characters, each a (Unicode) letter, a decimal digit or one of ``_ - . : @``; no leading dot
-    and no ``..``, so an id can never name a parent directory or a hidden file if it is ever used in a path.
+    Valid: 1–128 characters, each a (Unicode) letter, a decimal digit, a space or one of ``_ - . : @``; no
+    leading or trailing space, no leading dot and no ``..``, so an id can never name a parent directory or a
+    hidden file if it is ever used in a path.
     """
     if not isinstance(chat_id, str):
         raise InputError("chat_id", f"must be a string, got {type(chat_id).__name__}")
@@ -163,7 +165,11 @@ def validate_chat_id(chat_id: object) -> str:
         if ch in "/\\":
             raise InputError("chat_id", f"must not contain path separators ({ch!r} at {i})")
         if not (ch in _CHAT_ID_PUNCT or ch.isalpha() or unicodedata.category(ch) == "Nd"):
-            raise InputError("chat_id", f"must contain only letters, digits and _ - . : @ ({ch!r} at {i})")
+            raise InputError(
+                "chat_id", f"must contain only letters, digits, spaces and _ - . : @ ({ch!r} at {i})"
+            )
+    if chat_id != chat_id.strip(" "):
+        raise InputError("chat_id", "must not start or end with a space")
     if chat_id.startswith("."):
         raise InputError("chat_id", "must not start with '.'")
     if ".." in chat_id:

@@ -103,7 +103,7 @@ class TestArrays:
         assert k.mistaken[0].tolist() == [False, False, True, False, False, False, False]
         # The owner's own POV node matches although the entry key carries "#erin" (reference §7 item 4).
         assert k.own_pov[0].tolist() == [False, False, False, False, False, True, False]
-        assert k.visibility[0].tolist() == [0.0, np.float32(0.6), 0.0, 0.0, 0.0, 0.0, 0.0]
+        assert k.visibility[0].tolist() == [0.0, 0.6, 0.0, 0.0, 0.0, 0.0, 0.0]
 
     def test_embeddings_are_normalised_and_masked(self) -> None:
         vecs = {"erin": np.array([3.0, 4.0]), "tower": np.array([0.0, 0.0]), "nope": np.array([1.0, 0.0])}

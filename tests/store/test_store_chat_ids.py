@@ -16,7 +16,8 @@ from memory_recall.store import Store, validate_chat_id
 
 @pytest.mark.parametrize(
     "chat_id",
-    ["ok-chat_1", "会话:1", "a", "x" * 128, "user@host", "a.b.c", "Ünïcödé", "ёлка", "١٢٣", "v1.2:3@x_y-z"],
+    ["ok-chat_1", "会话:1", "a", "x" * 128, "user@host", "a.b.c", "Ünïcödé", "ёлка", "١٢٣", "v1.2:3@x_y-z",
+     "Seraphina - 2023-11-10@20h46m36s"],
 )
 def test_valid_chat_ids(chat_id: str) -> None:
     assert validate_chat_id(chat_id) == chat_id
@@ -36,10 +37,11 @@ def test_valid_chat_ids(chat_id: str) -> None:
         ("a\x00b", "must not contain control characters (U+0000 at 1)"),
         ("a\nb", "must not contain control characters (U+000A at 1)"),
         ("a\u200bb", "must not contain control characters (U+200B at 1)"),
-        ("a b", "must contain only letters, digits and _ - . : @ (' ' at 1)"),
-        ("a*", "must contain only letters, digits and _ - . : @ ('*' at 1)"),
-        ("chat?id=1", "must contain only letters, digits and _ - . : @ ('?' at 4)"),
-        ("emoji😀", "must contain only letters, digits and _ - . : @ ('😀' at 5)"),
+        (" ab", "must not start or end with a space"),
+        ("ab ", "must not start or end with a space"),
+        ("a*", "must contain only letters, digits, spaces and _ - . : @ ('*' at 1)"),
+        ("chat?id=1", "must contain only letters, digits, spaces and _ - . : @ ('?' at 4)"),
+        ("emoji😀", "must contain only letters, digits, spaces and _ - . : @ ('😀' at 5)"),
         (None, "must be a string, got NoneType"),
         (12, "must be a string, got int"),
     ],
