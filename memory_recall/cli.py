@@ -1,0 +1,285 @@
+"""Command line: ``memory-recall <command>``.
+
+Every command prints one clear line on a known error (``error: <field>: <reason>``) and exits with status 2;
+unexpected errors still exit non-zero with a traceback, because they are bugs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from memory_recall.errors import InputError, MemoryRecallError
+
+__all__ = ["main"]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _open_store(args: argparse.Namespace) -> Any:
+    from memory_recall.store import Store, default_data_dir
+
+    return Store.open(default_data_dir(args.data_dir))
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from memory_recall.settings import load_settings
+
+    return load_settings(getattr(args, "config", None))
+
+
+def _read_json(path: str) -> Any:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError(str(p), "file not found") from None
+    except OSError as exc:
+        raise InputError(str(p), f"cannot read file: {exc.strerror}") from None
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(str(p), f"not valid JSON: {exc}") from None
+
+
+def _progress(desc: str, total: int, quiet: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="item", disable=quiet or total < 50, file=sys.stderr, leave=False)
+
+
+def _embed(store: Any, chat_id: str, args: argparse.Namespace) -> str:
+    """Embed every node of the chat that lacks a vector for the configured model; returns a summary."""
+    if getattr(args, "no_embed", False):
+        return "embedding skipped (--no-embed)"
+    from memory_recall.providers.cache import embed_missing
+    from memory_recall.providers.embedding import make_embedder
+
+    embedder = make_embedder(_settings(args).embedding)
+    if embedder is None:
+        return "no embedder configured (install the 'local' extra): lexical recall only"
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = _progress(f"embedding {chat_id}", total, args.quiet)
+        bar.n = done
+        bar.refresh()
+
+    report = embed_missing(store, chat_id, embedder, progress=progress)
+    if bar is not None:
+        bar.close()
+    return (
+        f"embeddings ({embedder.model_id}): {report.embedded} embedded, {report.from_cache} from cache, "
+        f"{report.up_to_date} already up to date"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# commands
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from memory_recall.ingest.messages import ingest_messages
+
+    data = _read_json(args.file)
+    chats = _chats_from_json(data, args)
+    store = _open_store(args)
+    try:
+        for chat_id, messages in chats:
+            started = time.perf_counter()
+            report = ingest_messages(store, chat_id, messages, now_ms=_now_ms())
+            took = time.perf_counter() - started
+            stats = store.stats(chat_id)
+            print(
+                f"{chat_id}: {len(messages)} messages → {stats['node_count']} nodes, {stats['edge_count']} edges "
+                f"(+{report.nodes_added} nodes, +{report.edges_added} edges in {took:.2f}s)"
+            )
+            print(f"{chat_id}: {_embed(store, chat_id, args)}")
+    finally:
+        store.close()
+    return 0
+
+
+def _chats_from_json(data: Any, args: argparse.Namespace) -> list[tuple[str, list[Any]]]:
+    """A chat file (``{"chat_id", "messages"}``) or a LoCoMo file (a list of conversations)."""
+    from memory_recall.model.chat import ChatMessage
+    from memory_recall.model.graph import first_validation_error
+
+    if isinstance(data, list):
+        from memory_recall.ingest.locomo import parse_locomo
+
+        conversations = parse_locomo(data)
+        if args.chat and len(conversations) != 1:
+            picked = [c for c in conversations if c.sample_id == args.chat]
+            if not picked:
+                raise InputError("--chat", f"no conversation {args.chat!r} in this LoCoMo file")
+            conversations = picked
+        return [(c.sample_id, list(c.messages)) for c in conversations]
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        raise InputError(args.file, "expected a chat object with a 'messages' list or a LoCoMo list")
+    chat_id = args.chat or data.get("chat_id")
+    if not chat_id:
+        raise InputError("--chat", "required: the file names no chat_id")
+    from pydantic import ValidationError
+
+    messages = []
+    for i, raw in enumerate(data["messages"]):
+        try:
+            messages.append(ChatMessage.model_validate(raw))
+        except ValidationError as exc:
+            raise first_validation_error(exc, f"messages[{i}]") from None
+    return [(str(chat_id), messages)]
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from memory_recall.ingest.stbme import import_stbme_report
+
+    data = _read_json(args.file)
+    report = import_stbme_report(data, now_ms=_now_ms())
+    store = _open_store(args)
+    try:
+        store.replace_graph(args.chat, report.graph)
+        for warning in report.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        print(f"{args.chat}: imported {len(report.graph.nodes)} nodes, {len(report.graph.edges)} edges")
+        print(f"{args.chat}: {_embed(store, args.chat, args)}")
+    finally:
+        store.close()
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from memory_recall.ingest.stbme import export_stbme
+
+    store = _open_store(args)
+    try:
+        if store.chat_version(args.chat) == 0:
+            raise InputError("--chat", f"no chat {args.chat!r} in this store")
+        exported = export_stbme(store.load_graph(args.chat))
+    finally:
+        store.close()
+    text = json.dumps(exported, ensure_ascii=False, indent=2, sort_keys=True)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+        print(f"{args.chat}: wrote {len(exported['nodes'])} nodes, {len(exported['edges'])} edges to {args.out}")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    store = _open_store(args)
+    try:
+        if args.chat:
+            if store.chat_version(args.chat) == 0:
+                raise InputError("--chat", f"no chat {args.chat!r} in this store")
+            print(json.dumps(store.stats(args.chat), ensure_ascii=False, indent=2, sort_keys=True))
+            return 0
+        chats = store.list_chats()
+        if not chats:
+            print("no chats in this store")
+            return 0
+        print(f"{'chat':<32} {'version':>8} {'nodes':>8} {'edges':>8}")
+        for info in chats:
+            print(f"{info.chat_id:<32} {info.version:>8} {info.node_count:>8} {info.edge_count:>8}")
+    finally:
+        store.close()
+    return 0
+
+
+def cmd_providers_check(args: argparse.Namespace) -> int:
+    from memory_recall.providers.check import check_providers
+
+    statuses = check_providers(_settings(args))
+    for status in statuses:
+        print(status.describe())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from memory_recall.demo import run_demo
+
+    return run_demo(args)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memory-recall", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--data-dir", help="store directory (default: $MEMORY_RECALL_DATA_DIR or per-user)")
+        p.add_argument("--config", help="TOML settings file (default: $MEMORY_RECALL_CONFIG)")
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        common(p)
+        p.set_defaults(func=fn)
+        return p
+
+    p = add("demo", cmd_demo, "ingest the bundled demo chat and recall for its last user turn")
+    p.add_argument("--no-embed", action="store_true", help="skip embeddings (lexical recall only)")
+
+    p = add("ingest", cmd_ingest, "ingest chat messages (chat JSON or a LoCoMo file) into the store")
+    p.add_argument("file", help="chat JSON ({chat_id, messages}) or LoCoMo JSON (list of conversations)")
+    p.add_argument("--chat", help="chat id (default: the file's chat_id / each LoCoMo sample_id)")
+    p.add_argument("--no-embed", action="store_true", help="skip embeddings")
+
+    p = add("import", cmd_import, "import an ST-BME graph export into a chat (replaces its graph)")
+    p.add_argument("file")
+    p.add_argument("--chat", required=True)
+    p.add_argument("--no-embed", action="store_true", help="skip embeddings")
+
+    p = add("export", cmd_export, "export a chat's graph as ST-BME JSON")
+    p.add_argument("--chat", required=True)
+    p.add_argument("--out", help="output file (default: stdout)")
+
+    p = add("stats", cmd_stats, "list chats, or show one chat's counts")
+    p.add_argument("--chat")
+
+    providers = sub.add_parser("providers", help="embedding and LLM providers")
+    psub = providers.add_subparsers(dest="providers_command", required=True)
+    p = psub.add_parser("check", help="report what is configured and whether each endpoint answers")
+    common(p)
+    p.set_defaults(func=cmd_providers_check)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("memory-recall")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``memory-recall`` console script."""
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except MemoryRecallError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The command line: ingest, import, export, stats, demo, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memory_recall.cli import main
+from memory_recall.ingest.stbme import import_stbme
+from memory_recall.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures" / "chats"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+class TestIngest:
+    def test_chat_file_counts_and_idempotence(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        chat = FIXTURES / "en-saltmere-harbor" / "chat.json"
+        data = json.loads(chat.read_text(encoding="utf-8"))
+        code, out, _ = run(capsys, "ingest", str(chat), "--data-dir", str(tmp_path), "--no-embed", "-q")
+        assert code == 0
+        with Store.open(tmp_path) as store:
+            stats = store.stats(data["chat_id"])
+        n_messages = len([m for m in data["messages"] if m["role"] != "system"])
+        assert stats["nodes_by_type"]["message"] == n_messages
+        first = out.splitlines()[0]
+        assert first.startswith(f"{data['chat_id']}: {len(data['messages'])} messages → {stats['node_count']} nodes")
+        # A second ingest of the same file writes nothing.
+        code, out, _ = run(capsys, "ingest", str(chat), "--data-dir", str(tmp_path), "--no-embed", "-q")
+        assert code == 0 and "(+0 nodes, +0 edges" in out.splitlines()[0]
+
+    def test_embeds_once_then_from_nothing(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        chat = tmp_path / "chat.json"
+        chat.write_text(json.dumps({"chat_id": "tiny", "messages": [
+            {"floor": 0, "role": "user", "speaker": "Ann", "text": "Meet me at the Old Mill."},
+            {"floor": 1, "role": "assistant", "speaker": "Bo", "text": "I'll bring the lantern."},
+        ]}), encoding="utf-8")
+        code, out, _ = run(capsys, "ingest", str(chat), "--data-dir", str(tmp_path), "-q")
+        lines = out.splitlines()
+        assert code == 0
+        # 2 messages + 2 speakers + 1 entity ("Old Mill") = 5 nodes, each embedded once.
+        assert lines[1] == (
+            "tiny: embeddings (local:multilingual-e5-small-q4): 5 embedded, 0 from cache, 0 already up to date"
+        )
+        code, out, _ = run(capsys, "ingest", str(chat), "--data-dir", str(tmp_path), "-q")
+        assert out.splitlines()[1].endswith("0 embedded, 0 from cache, 5 already up to date")
+
+
+class TestImportExport:
+    def test_round_trip_through_the_store(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        graph_file = FIXTURES / "zh-bell-tower" / "graph.json"
+        code, out, _ = run(
+            capsys, "import", str(graph_file), "--chat", "bell", "--data-dir", str(tmp_path), "--no-embed"
+        )
+        original = import_stbme(graph_file, now_ms=0)
+        assert code == 0
+        assert out.splitlines()[0] == f"bell: imported {len(original.nodes)} nodes, {len(original.edges)} edges"
+        target = tmp_path / "out.json"
+        code, _, _ = run(capsys, "export", "--chat", "bell", "--out", str(target), "--data-dir", str(tmp_path))
+        assert code == 0
+        assert import_stbme(target, now_ms=0) == original
+
+    def test_stats_lists_chats(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        graph_file = FIXTURES / "en-thornwick-manor" / "graph.json"
+        run(capsys, "import", str(graph_file), "--chat", "b-chat", "--data-dir", str(tmp_path), "--no-embed")
+        run(capsys, "import", str(graph_file), "--chat", "a-chat", "--data-dir", str(tmp_path), "--no-embed")
+        code, out, _ = run(capsys, "stats", "--data-dir", str(tmp_path))
+        lines = out.splitlines()
+        assert code == 0 and lines[0].split() == ["chat", "version", "nodes", "edges"]
+        assert [line.split()[0] for line in lines[1:]] == ["a-chat", "b-chat"]
+
+
+class TestErrors:
+    @pytest.mark.parametrize(
+        ("argv", "message"),
+        [
+            (["ingest", "/no/such/file.json"], "error: /no/such/file.json: file not found"),
+            (["stats", "--chat", "nope"], "error: --chat: no chat 'nope' in this store"),
+            (["export", "--chat", "../x"], "error: chat_id: must not contain path separators ('/' at 2)"),
+            (["import", "{bad}", "--chat", "c"], "error: {bad}: file not found"),
+        ],
+    )
+    def test_one_line_errors(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+    ) -> None:
+        code, out, err = run(capsys, *argv, "--data-dir", str(tmp_path))
+        assert code == 2 and out == "" and err == message + "\n"
+
+    def test_invalid_json_and_bad_message(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        bad = tmp_path / "bad.json"
+        bad.write_text("{not json", encoding="utf-8")
+        code, _, err = run(capsys, "ingest", str(bad), "--data-dir", str(tmp_path))
+        assert code == 2 and err.startswith(f"error: {bad}: not valid JSON")
+        wrong = tmp_path / "wrong.json"
+        wrong.write_text(json.dumps({"chat_id": "c", "messages": [{"floor": -1, "role": "user", "text": "x"}]}))
+        code, _, err = run(capsys, "ingest", str(wrong), "--data-dir", str(tmp_path))
+        assert code == 2 and err == "error: messages[0].floor: Input should be greater than or equal to 0\n"
+
+
+def test_demo_console_script(tmp_path: Path) -> None:
+    """The README's first command, through the installed console script."""
+    env = {**os.environ, "MEMORY_RECALL_DATA_DIR": str(tmp_path)}
+    exe = Path(sys.executable).with_name("memory-recall")
+    proc = subprocess.run([str(exe), "demo", "-q"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "demo chat: 'The Verity Locket at Thornwick Manor', 30 messages"
+    assert lines[1].startswith("ingested into chat 'demo': ")
