@@ -1,0 +1,152 @@
+"""Per-snapshot caches of derived graph structures (recall-spec departure 11: adjacency built once per graph
+version, co-occurrence not recomputed per call; reference §7 items 25 and 27).
+
+A :class:`~memory_recall.store.snapshot.GraphSnapshot` is immutable and lives exactly as long as its store
+version is current, so anything derived only from it (diffusion adjacency, co-occurrence index, their masked
+variants) is cached in a module-level :class:`weakref.WeakKeyDictionary` keyed by the snapshot object: the
+entries die with the snapshot, nothing is ever invalidated by hand. Each snapshot keeps at most
+:data:`MAX_ENTRIES_PER_SNAPSHOT` derived values (least recently used evicted), so per-recall variants (one per
+visibility mask) cannot grow without bound.
+
+Also shared by the stages of this part of the pipeline (diffusion, residual, cross recall, co-occurrence): the
+per-recall node masks (:func:`active_mask`, :func:`hidden_mask`, :func:`cooccurrence_eligible`) and small
+order-preserving array helpers. Private to ``memory_recall.pipeline``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from memory_recall.pipeline.state import RecallState
+    from memory_recall.store.snapshot import GraphSnapshot
+
+__all__ = [
+    "COOCCURRENCE_EXCLUDED_TYPES",
+    "MAX_ENTRIES_PER_SNAPSHOT",
+    "active_mask",
+    "cached",
+    "cooccurrence_eligible",
+    "has_anchor_term_mask",
+    "hidden_mask",
+    "lookup",
+    "mask_digest",
+    "unique_in_order",
+]
+
+T = TypeVar("T")
+
+#: Derived values kept per snapshot (base adjacency + a few masked variants + co-occurrence index).
+MAX_ENTRIES_PER_SNAPSHOT = 16
+
+_CACHE: weakref.WeakKeyDictionary[GraphSnapshot, OrderedDict[Hashable, Any]] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+#: Types that can never be co-occurrence anchors or partners (reference §3.10 "co-occurrence-eligible").
+COOCCURRENCE_EXCLUDED_TYPES = frozenset({"event", "synopsis", "reflection"})
+
+
+def cached(snapshot: GraphSnapshot, key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
+    """``(value, was_cached)``: the value derived from ``snapshot`` under ``key``, built once by ``build``.
+
+    Thread-safe; two threads racing on a cold key may both build, the first stored value wins.
+    """
+    with _LOCK:
+        entries = _CACHE.get(snapshot)
+        if entries is None:
+            entries = OrderedDict()
+            _CACHE[snapshot] = entries
+        if key in entries:
+            entries.move_to_end(key)
+            return entries[key], True
+    value = build()
+    with _LOCK:
+        entries = _CACHE.setdefault(snapshot, OrderedDict())
+        if key in entries:
+            entries.move_to_end(key)
+            return entries[key], True
+        entries[key] = value
+        while len(entries) > MAX_ENTRIES_PER_SNAPSHOT:
+            entries.popitem(last=False)
+    return value, False
+
+
+def mask_digest(mask: np.ndarray) -> str:
+    """A short stable digest of a boolean mask (cache key of masked variants). O(n / 8) bytes hashed."""
+    packed = np.packbits(np.asarray(mask, dtype=bool))
+    return f"{mask.shape[0]}:{hashlib.blake2b(packed.tobytes(), digest_size=16).hexdigest()}"
+
+
+def active_mask(state: RecallState) -> np.ndarray:
+    """The recall-eligible nodes: ``state.active`` when the context stage set it, else non-archived nodes with
+    a finite ``seqRange[1]`` (reference §3.2 without the visibility filter)."""
+    snap = state.snapshot
+    act = state.active
+    if isinstance(act, np.ndarray) and act.dtype == bool and act.shape == (snap.n,):
+        return act
+    return ~snap.archived & snap.finite_range
+
+
+def hidden_mask(state: RecallState) -> np.ndarray | None:
+    """Nodes the visibility filter removed (``state.meta["visibility_hidden_mask"]``), or None when absent or
+    empty. Recall-spec departure 2: such nodes never receive energy, never seed, never become candidates."""
+    mask = state.meta.get("visibility_hidden_mask")
+    if mask is None:
+        return None
+    arr = np.asarray(mask, dtype=bool)
+    if arr.shape != (state.snapshot.n,) or not arr.any():
+        return None
+    return arr
+
+
+def cooccurrence_eligible(snapshot: GraphSnapshot, idx: np.ndarray) -> np.ndarray:
+    """For each node index in ``idx``: non-archived, type not event/synopsis/reflection, has an anchor term
+    (reference §3.10). O(len(idx)); called on vector hits (a few dozen)."""
+    idx = np.asarray(idx, dtype=np.int64)
+    if idx.size == 0:
+        return np.zeros(0, dtype=bool)
+    type_ok = ~snapshot.mask_types(COOCCURRENCE_EXCLUDED_TYPES)[idx]
+    has_term = np.fromiter((bool(snapshot.anchor_terms[i]) for i in idx.tolist()), dtype=bool, count=idx.size)
+    return ~snapshot.archived[idx] & type_ok & has_term
+
+
+def has_anchor_term_mask(snapshot: GraphSnapshot) -> np.ndarray:
+    """(n,) bool: non-archived nodes with at least one anchor term, from the snapshot's anchor
+    index (no Python loop over nodes: one pass over the term → nodes lists, in C)."""
+    mask = np.zeros(snapshot.n, dtype=bool)
+    if snapshot.anchor_index:
+        members = np.fromiter(itertools.chain.from_iterable(snapshot.anchor_index.values()), dtype=np.int64)
+        mask[members] = True
+    return mask
+
+
+def unique_in_order(idx: np.ndarray) -> np.ndarray:
+    """``idx`` without repeats, first occurrence kept, order preserved."""
+    idx = np.asarray(idx, dtype=np.int64)
+    if idx.size == 0:
+        return idx
+    _, first = np.unique(idx, return_index=True)
+    return idx[np.sort(first)]
+
+
+def lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray, default: float = 0.0) -> np.ndarray:
+    """``values[keys == q]`` for each ``q`` of ``query`` (``default`` when absent); ``keys`` unique."""
+    keys = np.asarray(keys, dtype=np.int64)
+    query = np.asarray(query, dtype=np.int64)
+    out = np.full(query.shape[0], default, dtype=np.float64)
+    if keys.size == 0 or query.size == 0:
+        return out
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    pos = np.clip(np.searchsorted(sk, query), 0, sk.size - 1)
+    found = sk[pos] == query
+    out[found] = np.asarray(values, dtype=np.float64)[order][pos[found]]
+    return out

@@ -1,0 +1,125 @@
+"""Anchor stage: entity anchors — active nodes whose name or title occurs in the user message (reference
+§3.8).
+
+Reads
+    ``state.query.user_message``, ``state.active`` (the ranking set; falls back to non-archived nodes with a
+    finite range when unset), ``snapshot.anchor_index`` (anchor term → node indices),
+    ``snapshot.anchor_lengths`` and ``snapshot.anchor_terms`` (per node: name then title values of JS length ≥
+    2, reference §1.2).
+Writes
+    ``state.anchors``: ``(node index, term)`` pairs, one per node, in node graph order (the order the
+    reference walks its candidates); ``term`` is the node's own anchor term as stored (not the message's
+    spelling). Meta ``anchorCount``.
+Matching
+    A node anchors with the **first** of its anchor terms that occurs in ``NQ(userMessage)``. Latin and other
+    spaced scripts match case- and accent-insensitively on word boundaries; CJK ideographs, kana and Hangul by
+    substring (:mod:`memory_recall.text.mentions`). Scenario 7: ``艾琳在钟楼`` over ``{a: name 艾琳}``,
+    ``{b: title 钟楼, name X}``, ``{c: name A}`` → ``[(a, 艾琳), (b, 钟楼)]`` (one-character names never
+    anchor).
+Cost
+    Never a loop over all nodes or all terms per recall: the folded term → nodes index is built once per
+    snapshot (cached), then every substring of the message with one of the snapshot's distinct term lengths is
+    looked up — O(len(message) × #distinct lengths) dict lookups — and only the hit nodes are examined.
+Settings
+    ``AnchorSettings.enabled`` (``energy``, 2.0, is the diffusion stage's seed energy).
+Skip reasons
+    ``anchors-disabled`` (settings; trace only), ``empty-message``, ``no-anchor-terms`` (the graph has no name
+    or title of length ≥ 2).
+Departures
+    * recall-spec 8 (§7 item 16): the reference matches case-sensitive raw substrings, so ``Ann`` anchored on
+      ``Announcement`` and ``alice`` never anchored ``Alice``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from memory_recall.pipeline._graph_cache import active_mask, cached
+from memory_recall.pipeline.state import RecallState, StageResult, StageTrace, timed
+from memory_recall.settings import AnchorSettings
+from memory_recall.store.snapshot import GraphSnapshot
+from memory_recall.text.mentions import fold, term_at_boundaries
+from memory_recall.text.normalize import normalize_query
+
+__all__ = ["AnchorStage", "find_anchors"]
+
+
+def _folded_anchor_index(snapshot: GraphSnapshot) -> dict[str, tuple[int, ...]]:
+    """Folded anchor term → node indices (graph order, unique); once per snapshot."""
+
+    def build() -> dict[str, tuple[int, ...]]:
+        merged: dict[str, set[int]] = {}
+        for term, nodes in snapshot.anchor_index.items():
+            merged.setdefault(fold(term), set()).update(nodes)
+        return {k: tuple(sorted(v)) for k, v in merged.items()}
+
+    value, _ = cached(snapshot, ("anchors", "folded-index"), build)
+    return value
+
+
+def find_anchors(snapshot: GraphSnapshot, message: str, active: np.ndarray) -> list[tuple[int, str]]:
+    """``(node index, term)`` anchors of ``message`` among the ``active`` nodes, in node order."""
+    text = fold(normalize_query(message))
+    if not text or not snapshot.anchor_index:
+        return []
+    index = _folded_anchor_index(snapshot)
+    matched: set[str] = set()
+    size = len(text)
+    # fold() keeps lengths, so the snapshot's distinct term lengths are the folded ones.
+    for length in snapshot.anchor_lengths:
+        for start in range(size - length + 1):
+            piece = text[start : start + length]
+            if piece in index and piece not in matched and term_at_boundaries(text, start, start + length):
+                matched.add(piece)
+    if not matched:
+        return []
+    nodes = sorted({i for term in matched for i in index[term] if active[i]})
+    anchors: list[tuple[int, str]] = []
+    for i in nodes:
+        for term in snapshot.anchor_terms[i]:
+            if fold(term) in matched:
+                anchors.append((i, term))
+                break
+    return anchors
+
+
+class AnchorStage:
+    """Find the entity anchors of the user message (see the module docstring)."""
+
+    name = "anchors"
+
+    def __init__(self, settings: AnchorSettings) -> None:
+        self.settings = settings
+
+    def run(self, state: RecallState) -> StageResult:
+        with timed() as elapsed:
+            new_state, fields = self._run(state)
+        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
+
+    def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
+        base: dict[str, Any] = {"score_kind": "none", "score_direction": "none"}
+        snap = state.snapshot
+        reason = ""
+        if not self.settings.enabled:
+            reason = "anchors-disabled"
+        elif not normalize_query(state.query.user_message):
+            reason = "empty-message"
+        elif not snap.anchor_index:
+            reason = "no-anchor-terms"
+        if reason:
+            new_state = (
+                state if reason == "anchors-disabled" else state.evolve(skip_reasons=state.with_skip(reason))
+            )
+            return new_state, {**base, "count_in": 0, "count_out": 0, "skipped": True, "skip_reason": reason}
+        act = active_mask(state)
+        anchors = find_anchors(snap, state.query.user_message, act)
+        meta = state.with_meta(anchorCount=len(anchors))
+        notes = {"terms": sorted({term for _, term in anchors})}
+        return state.evolve(anchors=tuple(anchors), meta=meta), {
+            **base,
+            "count_in": int(act.sum()),
+            "count_out": len(anchors),
+            "notes": notes,
+        }

@@ -1,0 +1,280 @@
+"""Cross-recall stage: supplemental anchors, cross-recall re-diffusion and the score map (reference §3.10).
+
+Runs after diffusion and residual, before co-occurrence and scoring.
+
+Reads
+    ``state.vector_hits`` (index, weighted score, raw cosine), ``state.anchors``, ``state.bm25_hits``
+    (normalised), ``state.diffusion`` (first pass), ``state.residual_hits`` and
+    ``state.meta["residualTriggered"]``, ``state.plan`` (current-user weight of the BM25 seeds),
+    ``state.active``, ``state.meta["visibility_hidden_mask"]``, the snapshot's incident-edge CSR
+    and edge arrays.
+Writes
+    * ``state.supplemental_anchors``: up to ``supplemental_anchors`` (5) vector-hit nodes, in
+      vector order, that are co-occurrence-eligible (non-archived, type not
+      event/synopsis/reflection, has an anchor term), visible and not exact anchors (used only by
+      co-occurrence, reference §3.11).
+    * ``state.diffusion`` replaced by the re-diffusion when diffusion is on and (cross recall is on
+      or residual recall triggered). Seeds (max-deduplicated): vector hits (weighted score), exact anchors
+      (``AnchorSettings.energy``, 2.0), BM25 hits (normalised score × current-user weight, as in the diffusion
+      stage), residual hits (cosine) and — with cross recall on — for every exact anchor each active incident
+      edge whose other endpoint is a non-archived, visible **event**: ``event_energy_factor ×
+      strength`` (1.5 ×). Meta ``seedCount``, ``diffusionHits``, ``temporalSyntheticEdgeCount``,
+      ``teleportAlpha`` are overwritten.
+    * ``state.candidates`` (the score map): insertion order = vector hits (their order), then diffusion-only
+      nodes (diffusion rank order), then BM25-only nodes (BM25 order); ``vector_score`` = weighted
+      vector score, ``vector_raw`` = raw cosine, ``graph_score`` = diffusion energy (0 when not
+      reached), ``bm25_score`` = normalised BM25 score, ``cooccurrence_boost`` = 0. Only active,
+      visible nodes enter.
+    * Meta ``scoreMapFallback``: ``""``, ``"whole-active-set"`` or ``"importance-recency"`` (this
+      project's key).
+Empty score map (no vector hit, no diffusion result, no BM25 hit)
+    The reference adds every active node with zero scores (§3.10) — the no-vector path then scores the whole
+    graph lexically (§7 item 24). Here: up to ``whole_set_fallback_max_nodes`` (2,000) active
+    visible nodes the reference behaviour is kept (graph order; scenarios 25, 32, 33 "nobody", 34
+    rely on it). Above it only the top ``selection.top_k × 3`` active visible nodes by importance
+    desc, then recency (``seqRange[1]``) desc, then node id enter. Why this is honest: the BM25
+    channel indexes every node with the same tokenizer as the lexical score, so when it found
+    nothing, every remaining node's lexical score is (all but) 0 and the hybrid score reduces to
+    importance × time decay × bucket weights; importance then recency is the cheap proxy for that.
+    Known gap: a low-importance node of a high-priority scope/time bucket can be missed on such graphs.
+Settings
+    ``CrossRecallSettings``: ``enabled`` (app True / fallback False), ``event_energy_factor`` (1.5),
+    ``supplemental_anchors`` (5), ``whole_set_fallback_max_nodes`` (2,000); ``DiffusionSettings``
+    (re-diffusion parameters, ``enabled``); ``AnchorSettings.energy``; ``SelectionSettings.top_k``
+    (fallback size).
+Skip reasons
+    ``no-active-nodes`` (nothing can become a candidate).
+Departures (recall-spec)
+    * 2 — hidden and inactive nodes never enter the score map, never seed (as event or residual seeds) and
+      receive no energy (reference §7 item 2: the score map never checked membership).
+    * 11 — the no-vector fallback is bounded on large graphs (above); adjacency comes from the
+      per-snapshot cache.
+    * BM25 hits are seeds and candidates (recall-spec "BM25 channel").
+    * Event seeds use the snapshot's active edges (``invalid_at`` and ``expired_at`` both checked;
+      the reference checks only ``invalidAt``); inhibit edges are kept as the reference does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from memory_recall.pipeline._graph_cache import (
+    active_mask,
+    cooccurrence_eligible,
+    hidden_mask,
+    lookup,
+)
+from memory_recall.pipeline.diffusion import collect_seeds, diffuse
+from memory_recall.pipeline.state import (
+    EMPTY_INDEX,
+    Candidates,
+    RecallState,
+    StageResult,
+    StageTrace,
+    timed,
+)
+from memory_recall.settings import AnchorSettings, CrossRecallSettings, DiffusionSettings, SelectionSettings
+from memory_recall.store.snapshot import TYPE_CODE
+
+__all__ = ["CrossRecallStage"]
+
+_SCORE_KIND = "raw_candidate_scores"
+_EVENT = TYPE_CODE["event"]
+
+
+def _first_occurrence(idx: np.ndarray) -> np.ndarray:
+    """Positions of the first occurrence of each value of ``idx``, in order."""
+    if idx.size == 0:
+        return EMPTY_INDEX
+    _, first = np.unique(idx, return_index=True)
+    return np.sort(first)
+
+
+class CrossRecallStage:
+    """Supplemental anchors, cross-recall re-diffusion and the score map (reference §3.10); see the module
+    docstring for the contract.
+
+    Usage: ``CrossRecallStage(settings.cross_recall, settings.diffusion, settings.anchors,
+    settings.selection).run(state)``.
+    """
+
+    name = "cross_recall"
+
+    def __init__(
+        self,
+        settings: CrossRecallSettings,
+        diffusion: DiffusionSettings,
+        anchors: AnchorSettings | None = None,
+        selection: SelectionSettings | None = None,
+    ) -> None:
+        self.settings = settings
+        self.diffusion = diffusion
+        self.anchors = anchors
+        self.selection = selection
+
+    def run(self, state: RecallState) -> StageResult:
+        with timed() as elapsed:
+            new_state, fields = self._run(state)
+        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
+
+    def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
+        snap = state.snapshot
+        base: dict[str, Any] = {"score_kind": _SCORE_KIND, "score_direction": "higher_is_better"}
+        hidden = hidden_mask(state)
+        eligible = active_mask(state).copy()
+        if hidden is not None:
+            eligible &= ~hidden
+        count_in = int(state.vector_hits[0].size + state.diffusion[0].size + state.bm25_hits[0].size)
+        if snap.n == 0 or not eligible.any():
+            new_state = state.evolve(skip_reasons=state.with_skip("no-active-nodes"))
+            skip = {"skipped": True, "skip_reason": "no-active-nodes"}
+            return new_state, {**base, "count_in": count_in, **skip}
+
+        supplemental = self._supplemental(state, hidden)
+        notes: dict[str, Any] = {"supplementalAnchors": len(supplemental)}
+        meta_items: dict[str, Any] = {}
+        diffusion = state.diffusion
+        triggered = bool(state.meta.get("residualTriggered", False))
+        if self.diffusion.enabled and (self.settings.enabled or triggered):
+            res_idx = np.fromiter((i for i, _ in state.residual_hits), np.int64, len(state.residual_hits))
+            res_e = np.fromiter((c for _, c in state.residual_hits), np.float64, len(state.residual_hits))
+            extra: list[tuple[str, np.ndarray, np.ndarray]] = [("residual", res_idx, res_e)]
+            if self.settings.enabled:
+                extra.append(("event", *self._event_seeds(state, hidden)))
+            seeds = collect_seeds(state, (self.anchors or AnchorSettings()).energy, tuple(extra))
+            notes["seedSources"] = seeds.sources
+            notes["reDiffusion"] = len(seeds) > 0
+            if len(seeds):
+                out = diffuse(snap, seeds, self.diffusion, hidden)
+                diffusion = (out.index, out.energy)
+                notes["adjacencyCached"] = out.adjacency_cached
+                meta_items.update(
+                    seedCount=len(seeds),
+                    diffusionHits=int(out.index.size),
+                    temporalSyntheticEdgeCount=out.synthetic_edge_count,
+                    teleportAlpha=float(self.diffusion.teleport_alpha),
+                )
+        else:
+            notes["reDiffusion"] = False
+
+        candidates, parts = self._score_map(state, diffusion, eligible)
+        fallback = ""
+        if len(candidates) == 0:
+            candidates, fallback = self._fallback(state, eligible)
+        notes.update(parts)
+        notes["fallback"] = fallback
+        meta_items["scoreMapFallback"] = fallback
+        new_state = state.evolve(
+            supplemental_anchors=supplemental,
+            diffusion=diffusion,
+            candidates=candidates,
+            meta=state.with_meta(**meta_items),
+        )
+        return new_state, {**base, "count_in": count_in, "count_out": len(candidates), "notes": notes}
+
+    # -- parts ---------------------------------------------------------------------------------------------
+
+    def _supplemental(self, state: RecallState, hidden: np.ndarray | None) -> tuple[int, ...]:
+        """Up to ``supplemental_anchors`` co-occurrence-eligible, visible vector hits that are not
+        exact anchors, in vector-hit order (reference §3.10 first bullet)."""
+        snap = state.snapshot
+        hits = np.asarray(state.vector_hits[0], dtype=np.int64)
+        hits = hits[_first_occurrence(hits)]
+        hits = hits[(hits >= 0) & (hits < snap.n)]
+        exact = np.fromiter((i for i, _ in state.anchors), dtype=np.int64, count=len(state.anchors))
+        keep = cooccurrence_eligible(snap, hits) & ~np.isin(hits, exact)
+        if hidden is not None:
+            keep &= ~hidden[hits]
+        return tuple(int(i) for i in hits[keep][: self.settings.supplemental_anchors])
+
+    def _event_seeds(self, state: RecallState, hidden: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """For every exact anchor, each active incident edge (edge-list order) whose other end is a
+        non-archived, visible event: energy ``event_energy_factor × strength`` (reference §3.10
+        "Cross-recall")."""
+        snap = state.snapshot
+        inc = snap.incident
+        idx_parts: list[np.ndarray] = []
+        energy_parts: list[np.ndarray] = []
+        for a, _ in state.anchors:
+         # a handful of anchors per recall
+            if not 0 <= a < snap.n:
+                continue
+            epos = np.sort(inc.data[inc.indptr[a] : inc.indptr[a + 1]].astype(np.int64) - 1)
+            if epos.size == 0:
+                continue
+            src, dst = snap.edge_src[epos], snap.edge_dst[epos]
+            other = np.where(src == a, dst, src)
+            ok = (snap.type_code[other] == _EVENT) & ~snap.archived[other]
+            if hidden is not None:
+                ok &= ~hidden[other]
+            idx_parts.append(other[ok])
+            energy_parts.append(self.settings.event_energy_factor * snap.edge_strength[epos][ok])
+        if not idx_parts:
+            return EMPTY_INDEX, np.zeros(0)
+        return np.concatenate(idx_parts), np.concatenate(energy_parts)
+
+    @staticmethod
+    def _score_map(
+        state: RecallState, diffusion: tuple[np.ndarray, np.ndarray], eligible: np.ndarray
+    ) -> tuple[Candidates, dict[str, int]]:
+        """Vector hits, then diffusion-only nodes, then BM25-only nodes (reference §3.10 "Score map" plus the
+        BM25 channel), restricted to ``eligible`` (active and visible) nodes."""
+        snap = state.snapshot
+
+        def valid(idx: np.ndarray) -> np.ndarray:
+            idx = np.asarray(idx, dtype=np.int64)
+            ok = (idx >= 0) & (idx < snap.n)
+            ok[ok] = eligible[idx[ok]]
+            return ok
+
+        vec_idx, vec_w, vec_raw = (np.asarray(a) for a in state.vector_hits)
+        first = _first_occurrence(vec_idx)
+        vec_idx, vec_w, vec_raw = vec_idx[first].astype(np.int64), vec_w[first], vec_raw[first]
+        dif_idx, dif_e = (np.asarray(a) for a in diffusion)
+        bm_idx, bm_s = (np.asarray(a) for a in state.bm25_hits)
+        first = _first_occurrence(bm_idx)
+        bm_idx, bm_s = bm_idx[first].astype(np.int64), bm_s[first]
+
+        from_vec = vec_idx[valid(vec_idx)]
+        from_dif = dif_idx[valid(dif_idx) & ~np.isin(dif_idx, vec_idx)].astype(np.int64)
+        from_bm = bm_idx[valid(bm_idx) & ~np.isin(bm_idx, vec_idx) & ~np.isin(bm_idx, dif_idx)]
+        index = np.concatenate([from_vec, from_dif, from_bm]).astype(np.int64)
+        candidates = Candidates(
+            index=index,
+            graph_score=lookup(dif_idx, dif_e, index),
+            vector_score=lookup(vec_idx, vec_w, index),
+            vector_raw=lookup(vec_idx, vec_raw, index),
+            bm25_score=lookup(bm_idx, bm_s, index),
+            cooccurrence_boost=np.zeros(index.size),
+        )
+        parts = {
+            "fromVector": int(from_vec.size),
+            "fromDiffusion": int(from_dif.size),
+            "fromBm25": int(from_bm.size),
+        }
+        return candidates, parts
+
+    def _fallback(self, state: RecallState, eligible: np.ndarray) -> tuple[Candidates, str]:
+        """Empty score map: every active visible node on small graphs (reference), else the top
+        ``top_k × 3`` by importance, recency, node id (module docstring)."""
+        snap = state.snapshot
+        cand = np.flatnonzero(eligible)
+        if cand.size <= self.settings.whole_set_fallback_max_nodes:
+            index, mode = cand, "whole-active-set"
+        else:
+            k = (self.selection or SelectionSettings()).top_k * 3
+            recency = np.where(np.isnan(snap.seq_end), snap.seq.astype(np.float64), snap.seq_end)[cand]
+            order = np.lexsort((snap.id_rank[cand], -recency, -snap.importance[cand]))[:k]
+            index, mode = cand[order], "importance-recency"
+        zeros = np.zeros(index.size)
+        candidates = Candidates(
+            index=index.astype(np.int64),
+            graph_score=zeros,
+            vector_score=zeros.copy(),
+            vector_raw=zeros.copy(),
+            bm25_score=zeros.copy(),
+            cooccurrence_boost=zeros.copy(),
+        )
+        return candidates, mode

@@ -1,0 +1,123 @@
+"""Lexical stage: the BM25 channel over the store's FTS5 index (recall-spec "Added beyond the reference").
+
+Reads
+    ``state.plan.lexical_sources`` (reference §3.6: the current message and its intent segments),
+    ``state.active`` (falls back to non-archived nodes with a finite range when unset), ``snapshot.index`` /
+    ``id_rank``, and ``providers.lexical_index(terms, limit) -> [(node_id, score)]`` (higher is better; the
+    store's :meth:`~memory_recall.store.sqlite.Store.bm25` bound to the chat).
+Writes
+    ``state.bm25_hits = (index, score)``: active nodes of this snapshot among the index's hits, score = BM25
+    score / the best hit's score (so in (0, 1], the best hit 1), ordered by score desc then node-id byte
+    order. Meta ``bm25Hits`` (count). The trace notes list the query terms.
+Query terms
+    :func:`memory_recall.text.tokenize.query_terms` of each lexical source (Latin words accent-folded, CJK
+    bigrams, stop words dropped), concatenated without repeats in source order, at most
+    ``LexicalSettings.bm25_max_terms`` (64, the seed's limit). The terms are quoted by the store, so user text
+    is never FTS syntax.
+Not here
+    The reference's field-match lexical score (§3.12 step 1) is computed by the scoring stage on the
+    candidates.
+Settings
+    ``LexicalSettings``: ``enable_bm25``, ``bm25_top_k`` (hits asked from the index), ``bm25_max_terms``.
+Skip reasons
+    ``bm25-disabled`` (settings; trace only), ``no-lexical-index`` (no provider), ``no-query-terms``.
+Notes
+    The index is asked for ``bm25_top_k`` hits before the active-set filter, so hidden or range-less nodes can
+    leave fewer than ``bm25_top_k`` (the FTS index does not know the per-recall visibility filter). Errors of
+    the index (a broken store) are not degraded: they propagate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from memory_recall.pipeline._graph_cache import active_mask
+from memory_recall.pipeline.state import Providers, RecallState, StageResult, StageTrace, timed
+from memory_recall.settings import LexicalSettings
+from memory_recall.text.tokenize import query_terms
+
+__all__ = ["LexicalStage", "bm25_query_terms"]
+
+_SCORE_KIND = "bm25_normalised"
+
+
+def bm25_query_terms(sources: Sequence[str], max_terms: int) -> list[str]:
+    """Query terms of all ``sources``, first occurrence order, at most ``max_terms``.
+
+    >>> bm25_query_terms(["规则一，然后规则二", "规则一"], 64)
+    ['规则', '则一', '然后', '后规', '则二']
+    """
+    seen: dict[str, None] = {}
+    for source in sources:
+        for term in query_terms(source, max_terms):
+            seen.setdefault(term, None)
+            if len(seen) >= max_terms:
+                return list(seen)
+    return list(seen)
+
+
+class LexicalStage:
+    """Query the BM25 index with the plan's lexical sources (see the module docstring)."""
+
+    name = "lexical"
+
+    def __init__(self, settings: LexicalSettings, providers: Providers) -> None:
+        self.settings = settings
+        self.providers = providers
+
+    def run(self, state: RecallState) -> StageResult:
+        with timed() as elapsed:
+            new_state, fields = self._run(state)
+        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
+
+    @staticmethod
+    def _skip(
+        state: RecallState, reason: str, record: bool = True, **notes: Any
+    ) -> tuple[RecallState, dict[str, Any]]:
+        new_state = state.evolve(skip_reasons=state.with_skip(reason)) if record else state
+        return new_state, {
+            "score_kind": _SCORE_KIND,
+            "score_direction": "higher_is_better",
+            "count_in": 0,
+            "count_out": 0,
+            "skipped": True,
+            "skip_reason": reason,
+            "notes": notes,
+        }
+
+    def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
+        if not self.settings.enable_bm25:
+            return self._skip(state, "bm25-disabled", record=False)
+        index_fn = self.providers.lexical_index
+        if index_fn is None:
+            return self._skip(state, "no-lexical-index")
+        terms = bm25_query_terms(state.plan.lexical_sources, self.settings.bm25_max_terms)
+        if not terms:
+            return self._skip(state, "no-query-terms")
+        snap = state.snapshot
+        raw_hits = list(index_fn(terms, self.settings.bm25_top_k))
+        act = active_mask(state)
+        pairs = [(snap.index.get(str(node_id), -1), float(score)) for node_id, score in raw_hits]
+        pairs = [(i, s) for i, s in pairs if i >= 0 and s > 0 and np.isfinite(s) and act[i]]
+        idx = np.array([i for i, _ in pairs], dtype=np.int64)
+        scores = np.array([s for _, s in pairs], dtype=np.float64)
+        if idx.size:
+            # One node id can only come back once from FTS; keep the best anyway if an index repeats it.
+            order = np.lexsort((snap.id_rank[idx], -scores))
+            idx, scores = idx[order], scores[order]
+            first = np.unique(idx, return_index=True)[1]
+            keep = np.sort(first)
+            idx, scores = idx[keep], scores[keep]
+            scores = scores / scores[0]  # the best hit, first after the sort
+        meta = state.with_meta(bm25Hits=int(idx.size))
+        notes = {"terms": terms, "indexHits": len(raw_hits)}
+        return state.evolve(bm25_hits=(idx, scores), meta=meta), {
+            "score_kind": _SCORE_KIND,
+            "score_direction": "higher_is_better",
+            "count_in": len(raw_hits),
+            "count_out": int(idx.size),
+            "notes": notes,
+        }

@@ -1,0 +1,559 @@
+"""The result of one recall: :class:`RecallResult`, built from the last pipeline state (reference §3.19–§3.21).
+
+:func:`build_result` reads the final :class:`~memory_recall.pipeline.state.RecallState` and the settings and
+produces a pydantic model the HTTP service returns as is and the injector renders. :func:`json_dumps` gives
+byte-identical JSON for identical inputs.
+
+Contents
+    * ``selected_node_ids`` — §3.19 final cap: ``unique(selection)[:max_recall_nodes]``.
+    * ``selected`` — one :class:`SelectedMemory` per selected node: rank, origin (``llm`` / ``score`` /
+      ``owner-pov`` / ``scene-reconstruction`` / ``probabilistic``), weighted score and its
+      :class:`ExplanationModel`, whose parts add up to the score. A node with a scored row is explained by
+      :func:`~memory_recall.pipeline.scoring.explain_row` (graph, vector, lexical and importance parts after every
+      multiplier); a node added after ranking that the score map never held has score 0 and the single part
+      ``added_by`` (value 0, weight 0, contribution 0) with the reason in its notes.
+    * ``core_node_ids`` — §3.20: non-archived always-inject nodes (event, rule, thread, synopsis; synopsis only
+      when there is no active summary entry), in recall order.
+    * ``recall_node_ids`` / ``grouped_recall_node_ids`` — selected nodes that are not core nodes, in recall order,
+      grouped ``state`` (character, location), ``episodic`` (event, thread), ``reflective`` (reflection,
+      synopsis), ``rule``, ``other``.
+    * ``summary_entries`` — active summary entries (§1.8), ``nodes`` — every referenced node as JSON.
+    * ``scope_buckets`` — what the injector prints (§3.20), from selected + core nodes (selected first),
+      classified with the **final** owners: ``characterPov`` (only nodes of a final owner; none when the owners
+      are unresolved; ``characterPovByOwner``, ``characterPovOwnerOrder``, ``characterPovOwnerLabels``),
+      ``userPov`` (when ``inject_user_pov_memory``), ``objectiveCurrentRegion``, ``objectiveGlobal``
+      (adjacent + global, capped at ``objective_global_cap``; empty when ``inject_objective_global_memory`` is
+      off); other POV dropped. Every list is in recall order.
+    * ``omitted`` — nodes left out by a cap, with the reason (``core-cap``, ``objective-global-cap``,
+      ``objective-global-disabled``), at most :data:`OMITTED_LIST_CAP` per reason in fill order; the counts are
+      ``stats["coreOmittedCount"]`` and ``stats["objectiveGlobalOmittedCount"]``.
+    * ``stats`` (§3.20 keys), ``meta.retrieval`` (every §3.21 key the stages wrote, ``skipReasons``, ``llm``,
+      ``timings``), ``meta.scopeContext`` (§3.20), ``retrieval_status`` / ``semantic_search_used`` /
+      ``failure_category`` (recall-spec departure 3), ``traces`` (one dict per stage) and ``timings`` (ms).
+Recall order (§3.20)
+    Temporal-bucket priority desc (computed without the cue mode) when the story timeline is on and an active
+    segment exists, then recency (``seqRange[1]``) desc, importance desc, node id.
+Departures (recall-spec)
+    * 2 — core nodes go through the same verdict as everything else (:func:`~memory_recall.pipeline._admission.
+      admissible` without the range requirement): hidden, gate-suppressed or temporally suppressed core nodes
+      are not injected (§7 items 2, 3, 9). The knowledge gate is **not** recomputed for the scope buckets:
+      every node here passed the scoring verdict (the reference recomputed it without scores and silently
+      dropped rescued nodes, §7 item 3).
+    * 5 — core nodes are capped at ``InjectorSettings.core_cap``, selected ones first, then by weighted score,
+      then recency; the objective-global cap is filled the same way (selected first in selection order, then
+      by score, then recency) instead of by recency alone (§7 item 15). Omitted nodes are reported.
+    * ``json_dumps`` leaves timings and cache-hit notes out by default (``timings=True`` keeps them): they are
+      the only parts of a result that differ between identical runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from memory_recall.pipeline._admission import admissible, rows_of, with_owners
+from memory_recall.pipeline._graph_cache import lookup
+from memory_recall.pipeline.owners import owner_base_key, resolve_pov_owner
+from memory_recall.pipeline.scoring import (
+    TEMPORAL_PRIORITY,
+    explain_row,
+    node_label,
+    scope_buckets,
+    temporal_director,
+)
+from memory_recall.pipeline.state import Explanation, ExplanationPart, RecallState, StageTrace
+from memory_recall.settings import RecallSettings
+
+__all__ = [
+    "ExplanationModel",
+    "ExplanationPartModel",
+    "OmittedNode",
+    "RecallResult",
+    "ScopeBucketsModel",
+    "SelectedMemory",
+    "build_result",
+    "json_dumps",
+    "plain",
+]
+
+#: Meta keys that are internal arrays, never part of the result.
+PRIVATE_META_KEYS = frozenset({"visibility_hidden_mask"})
+#: Trace note keys that depend on the process, not on the inputs: per-snapshot cache hits (``adjacencyCached``
+#: of diffusion / cross recall, ``indexCached`` of co-occurrence). :func:`json_dumps` drops them with the timings.
+RUN_DEPENDENT_NOTE = re.compile(r"[cC]ached$")
+#: At most this many omitted ids are listed per reason (a long chat has thousands of core events); the full
+#: counts are in ``stats`` (``coreOmittedCount``, ``objectiveGlobalOmittedCount``).
+OMITTED_LIST_CAP = 50
+
+RECALL_GROUPS: dict[str, tuple[str, ...]] = {
+    "state": ("character", "location"),
+    "episodic": ("event", "thread"),
+    "reflective": ("reflection", "synopsis"),
+    "rule": ("rule",),
+}
+
+
+class ExplanationPartModel(BaseModel):
+    """One additive part of a score: ``contribution = value × weight``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    value: float
+    weight: float
+    contribution: float
+
+
+class ExplanationModel(BaseModel):
+    """Why a node was selected: parts whose contributions sum to ``score``, and the multipliers folded in."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node_id: str
+    score: float
+    score_kind: str
+    parts: list[ExplanationPartModel]
+    multipliers: dict[str, float] = Field(default_factory=dict)
+    notes: dict[str, Any] = Field(default_factory=dict)
+
+    def total(self) -> float:
+        return float(sum(p.contribution for p in self.parts))
+
+
+class SelectedMemory(BaseModel):
+    """One selected memory, in final order (``rank`` is 1-based)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int
+    node_id: str
+    type: str
+    label: str
+    origin: str
+    score: float
+    explanation: ExplanationModel
+
+
+class OmittedNode(BaseModel):
+    """A node a cap left out of the result, and which cap."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node_id: str
+    reason: str
+
+
+class ScopeBucketsModel(BaseModel):
+    """The scoped sections the injector prints (reference §3.20). Field names are the reference's keys, so the
+    injector port reads the same names as ST-BME's ``formatInjection``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    characterPov: list[str] = Field(default_factory=list)
+    characterPovByOwner: dict[str, list[str]] = Field(default_factory=dict)
+    characterPovOwnerOrder: list[str] = Field(default_factory=list)
+    characterPovOwnerLabels: dict[str, str] = Field(default_factory=dict)
+    userPov: list[str] = Field(default_factory=list)
+    objectiveCurrentRegion: list[str] = Field(default_factory=list)
+    objectiveGlobal: list[str] = Field(default_factory=list)
+
+
+class RecallResult(BaseModel):
+    """Everything one recall returns (see the module docstring)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    chat_id: str
+    graph_version: int
+    user_message: str
+    user_floor: int | None = None
+    selected_node_ids: list[str]
+    selected: list[SelectedMemory]
+    core_node_ids: list[str]
+    recall_node_ids: list[str]
+    grouped_recall_node_ids: dict[str, list[str]]
+    summary_entries: list[dict[str, Any]]
+    scope_buckets: ScopeBucketsModel
+    nodes: dict[str, dict[str, Any]]
+    omitted: list[OmittedNode]
+    stats: dict[str, int]
+    final_owner_keys: list[str]
+    final_owner_scores: list[float]
+    final_owner_mode: str
+    reinforced_node_ids: list[str]
+    probabilistic_node_ids: list[str]
+    retrieval_status: str
+    semantic_search_used: bool
+    failure_category: str
+    llm_status: str
+    meta: dict[str, Any]
+    traces: list[dict[str, Any]]
+    timings: dict[str, float]
+
+
+# --- JSON helpers -----------------------------------------------------------------------------------------------
+
+
+def plain(value: Any) -> Any:
+    """``value`` as plain JSON data: numpy scalars/arrays, tuples, sets (sorted), dataclasses and pydantic models
+    converted; non-finite floats become ``None``."""
+    if isinstance(value, BaseModel):
+        return plain(value.model_dump(mode="json"))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, np.ndarray):
+        return [plain(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return plain(value.item())
+    if isinstance(value, bool) or value is None or isinstance(value, int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, set | frozenset):
+        return [plain(v) for v in sorted(value, key=str)]
+    if isinstance(value, Iterable):
+        return [plain(v) for v in value]
+    return str(value)
+
+
+def json_dumps(result: RecallResult, *, timings: bool = False) -> str:
+    """Canonical JSON of ``result``: sorted keys, compact separators, UTF-8 text, floats as their shortest
+    round-trip ``repr``. Byte-identical for identical inputs; ``timings=False`` (default) zeroes the elapsed
+    times (``timings``, ``meta.retrieval.timings``, each trace's ``elapsed_ms``) and drops the cache-hit notes
+    (:data:`RUN_DEPENDENT_NOTE`): the only parts that differ between two runs of the same recall in one process."""
+    data = plain(result)
+    if not timings:
+        data["timings"] = {k: 0.0 for k in data.get("timings", {})}
+        retrieval = data.get("meta", {}).get("retrieval", {})
+        if isinstance(retrieval.get("timings"), dict):
+            retrieval["timings"] = {k: 0.0 for k in retrieval["timings"]}
+        for trace in data.get("traces", []):
+            trace["elapsed_ms"] = 0.0
+            notes = trace.get("notes")
+            if isinstance(notes, dict):
+                trace["notes"] = {k: v for k, v in notes.items() if not RUN_DEPENDENT_NOTE.search(k)}
+    return json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+# --- building ---------------------------------------------------------------------------------------------------
+
+
+def _explanation_model(expl: Explanation) -> ExplanationModel:
+    return ExplanationModel(
+        node_id=expl.node_id,
+        score=float(expl.score),
+        score_kind=expl.score_kind,
+        parts=[ExplanationPartModel(**dataclasses.asdict(p)) for p in expl.parts],
+        multipliers={k: float(v) for k, v in expl.multipliers.items()},
+        notes=plain(expl.notes),
+    )
+
+
+def added_by_explanation(node_id: str, origin: str) -> Explanation:
+    """Explanation of a node added after ranking that has no scored row: score 0, one zero part."""
+    return Explanation(
+        node_id=node_id,
+        score=0.0,
+        score_kind="weighted_score",
+        parts=(ExplanationPart("added_by", 0.0, 0.0, 0.0),),
+        multipliers={},
+        notes={"added_by": origin, "note": "not in the score map: added after ranking, so it has no score"},
+    )
+
+
+def _owners_ran(traces: Sequence[StageTrace]) -> bool:
+    return any(t.name == "owners" and not t.skipped for t in traces)
+
+
+class _Builder:
+    def __init__(self, state: RecallState, settings: RecallSettings) -> None:
+        self.state = state
+        self.settings = settings
+        self.snap = state.snapshot
+        ctx = state.context
+        if _owners_ran(state.traces) or "ownerPovAugmented" in state.meta:
+            self.owner_keys = tuple(state.final_owner_keys)
+            self.owner_scores = tuple(float(s) for s in state.final_owner_scores)
+            self.owner_mode = state.final_owner_mode
+        else:
+            self.owner_keys = tuple(ctx.owner_keys)
+            self.owner_scores = tuple(float(s) for s in ctx.owner_scores)
+            self.owner_mode = ctx.owner_mode
+        self.owner_ctx = with_owners(ctx, self.owner_keys, self.owner_mode)
+        self.omitted_counts: dict[str, int] = {}
+
+    # -- ordering ---------------------------------------------------------------------------------------------
+
+    def recency(self, idx: np.ndarray) -> np.ndarray:
+        end = self.snap.seq_end[idx]
+        return np.where(np.isnan(end), self.snap.seq[idx].astype(np.float64), end)
+
+    def recall_order(self, idx: Sequence[int]) -> list[int]:
+        """§3.20 recall order of ``idx``."""
+        arr = np.asarray(list(idx), dtype=np.int64)
+        if arr.size == 0:
+            return []
+        snap = self.snap
+        keys = [snap.id_rank[arr], -snap.importance[arr], -self.recency(arr)]
+        ctx = self.state.context
+        if self.settings.context.enable_story_timeline and ctx.story_segment_id:
+            tr = temporal_director(snap, arr, dataclasses.replace(ctx, cue_mode="none"), enabled=True)
+            keys.append(-np.array([TEMPORAL_PRIORITY.get(str(b), 0) for b in tr.bucket], dtype=np.float64))
+        return arr[np.lexsort(tuple(keys))].tolist()
+
+    def cap_order(self, idx: Sequence[int], selected: Sequence[int]) -> list[int]:
+        """Fill order of a cap (departure 5): selected nodes in selection order, then by weighted score, then
+        recency, importance, node id."""
+        arr = np.asarray(list(idx), dtype=np.int64)
+        if arr.size == 0:
+            return []
+        snap = self.snap
+        sel = np.asarray(selected, dtype=np.int64)
+        sel_pos = lookup(sel, np.arange(sel.size, dtype=np.float64), arr, default=float(sel.size))
+        rows = rows_of(self.state, arr)
+        score = np.where(rows >= 0, self.state.scored.weighted_score[np.maximum(rows, 0)], -np.inf) \
+            if len(self.state.scored) else np.full(arr.size, -np.inf)
+        order = np.lexsort((snap.id_rank[arr], -snap.importance[arr], -self.recency(arr), -score, sel_pos))
+        return arr[order].tolist()
+
+    # -- parts ------------------------------------------------------------------------------------------------
+
+    def selected(self) -> list[int]:
+        limit = int(self.settings.selection.max_recall_nodes)
+        snap = self.snap
+        out = [i for i in dict.fromkeys(int(i) for i in self.state.selection) if not snap.archived[i]]
+        return out[:limit]
+
+    def core(self, selected: list[int], omitted: list[OmittedNode]) -> list[int]:
+        snap = self.snap
+        mask = snap.core_mask.copy()
+        if snap.summaries.active_entries():
+            mask &= ~snap.mask_types(("synopsis",))
+        idx = np.flatnonzero(mask)
+        if idx.size == 0:
+            return []
+        idx = idx[admissible(self.state, idx, context=self.settings.context, scoring=self.settings.scoring,
+                             require_active=False)]
+        ranked = self.cap_order(idx.tolist(), selected)
+        cap = int(self.settings.injector.core_cap)
+        self.omitted_counts["core-cap"] = max(0, len(ranked) - cap)
+        omitted.extend(OmittedNode(node_id=snap.ids[i], reason="core-cap") for i in ranked[cap:cap + OMITTED_LIST_CAP])
+        return self.recall_order(ranked[:cap])
+
+    def scope(self, selected: list[int], core: list[int], omitted: list[OmittedNode]) -> ScopeBucketsModel:
+        snap = self.snap
+        inj = self.settings.injector
+        members = list(dict.fromkeys([*selected, *core]))
+        if not members:
+            return ScopeBucketsModel()
+        buckets = scope_buckets(snap, np.array(members, dtype=np.int64), self.owner_ctx,
+                                settings=self.settings.context).tolist()
+        final_bases = {owner_base_key(k): k for k in self.owner_keys}
+        char: list[int] = []
+        by_owner: dict[str, list[int]] = {}
+        first_seen: list[str] = []
+        user: list[int] = []
+        current: list[int] = []
+        pooled: list[int] = []
+        for i, bucket in zip(members, buckets, strict=True):
+            if bucket == "characterPov":
+                if self.owner_mode == "unresolved":
+                    continue
+                node_key = resolve_pov_owner(snap, i)[0]
+                key = final_bases.get(owner_base_key(node_key)) if node_key else None
+                if self.owner_keys and key is None:
+                    continue
+                key = key or node_key
+                char.append(i)
+                by_owner.setdefault(key, []).append(i)
+                if key not in first_seen:
+                    first_seen.append(key)
+            elif bucket == "userPov":
+                if inj.inject_user_pov_memory:
+                    user.append(i)
+            elif bucket == "objectiveCurrentRegion":
+                current.append(i)
+            elif bucket in ("objectiveAdjacentRegion", "objectiveGlobal"):
+                pooled.append(i)
+        if inj.inject_objective_global_memory:
+            ranked = self.cap_order(pooled, selected)
+            cap = int(inj.objective_global_cap)
+            self.omitted_counts["objective-global-cap"] = max(0, len(ranked) - cap)
+            omitted.extend(OmittedNode(node_id=snap.ids[i], reason="objective-global-cap")
+                           for i in ranked[cap:cap + OMITTED_LIST_CAP])
+            global_nodes = ranked[:cap]
+        else:
+            self.omitted_counts["objective-global-disabled"] = len(pooled)
+            omitted.extend(OmittedNode(node_id=snap.ids[i], reason="objective-global-disabled")
+                           for i in self.cap_order(pooled, selected)[:OMITTED_LIST_CAP])
+            global_nodes = []
+        order = [k for k in self.owner_keys if k in by_owner] + [k for k in first_seen if k not in self.owner_keys]
+        names = {c.get("ownerKey"): c.get("ownerName") for c in self.state.meta.get("sceneOwnerCandidates") or ()
+                 if isinstance(c, dict)}
+        labels = {}
+        for key in order:
+            first = by_owner[key][0]
+            labels[key] = names.get(key) or snap.scope_owner_name[first] or key or "未命名角色"
+
+        def out(idx: list[int]) -> list[str]:
+            return [snap.ids[i] for i in self.recall_order(idx)]
+
+        return ScopeBucketsModel(
+            characterPov=out(char),
+            characterPovByOwner={k: out(by_owner[k]) for k in order},
+            characterPovOwnerOrder=order,
+            characterPovOwnerLabels=labels,
+            userPov=out(user),
+            objectiveCurrentRegion=out(current),
+            objectiveGlobal=out(global_nodes),
+        )
+
+    def explanations(self, selected: list[int]) -> list[SelectedMemory]:
+        snap = self.snap
+        rows = rows_of(self.state, np.array(selected, dtype=np.int64))
+        origins = self.state.meta.get("selectionOrigins") or {}
+        default_origin = "llm" if (self.state.llm or {}).get("status") == "llm" else "score"
+        out = []
+        for rank, (i, r) in enumerate(zip(selected, rows.tolist(), strict=True), start=1):
+            nid = snap.ids[i]
+            origin = str(origins.get(nid, default_origin))
+            if r >= 0:
+                expl = explain_row(snap, self.state.scored, r, self.settings.scoring, self.settings.lexical)
+            else:
+                expl = added_by_explanation(nid, origin)
+            model = _explanation_model(expl)
+            out.append(SelectedMemory(
+                rank=rank, node_id=nid, type=snap.type_of(i), label=node_label(snap.node(i)), origin=origin,
+                score=model.score, explanation=model,
+            ))
+        return out
+
+    def scope_context(self) -> dict[str, Any]:
+        s = self.settings
+        meta = self.state.meta
+        ctx = self.state.context
+        names = [
+            (next((c.get("ownerName") for c in meta.get("sceneOwnerCandidates") or ()
+                   if isinstance(c, dict) and c.get("ownerKey") == k), None)
+             or k.split(":", 1)[-1].split("#", 1)[0])
+            for k in self.owner_keys if k.startswith("character:")
+        ]
+        return plain({
+            "flags": {
+                "enableScopedMemory": s.context.enable_scoped_memory,
+                "enablePovMemory": s.context.enable_pov_memory,
+                "enableRegionScopedObjective": s.context.enable_region_scoped_objective,
+                "enableCognitiveMemory": s.context.enable_cognitive_memory,
+                "enableSpatialAdjacency": s.context.enable_spatial_adjacency,
+                "enableStoryTimeline": s.context.enable_story_timeline,
+                "storyTimeSoftDirecting": s.context.story_time_soft_directing,
+                "injectUserPovMemory": s.injector.inject_user_pov_memory,
+                "injectObjectiveGlobalMemory": s.injector.inject_objective_global_memory,
+            },
+            "activeRegion": ctx.active_region,
+            "activeRegionSource": ctx.active_region_source,
+            "activeStorySegmentId": ctx.story_segment_id,
+            "activeStoryTimeLabel": ctx.story_segment_label,
+            "activeStoryTimeSource": ctx.story_source,
+            "injectStoryTimeLabel": s.injector.inject_story_time_label,
+            "activeCharacterPovOwner": ctx.active_character_pov_owner,
+            "activeCharacterPovOwners": names,
+            "activeUserPovOwner": ctx.active_user_pov_owner,
+            "activeRecallOwnerKey": self.owner_keys[0] if self.owner_keys else "",
+            "activeRecallOwnerKeys": list(self.owner_keys),
+            "activeRecallOwnerScores": dict(zip(self.owner_keys, self.owner_scores, strict=False)),
+            "sceneOwnerResolutionMode": self.owner_mode,
+            "sceneOwnerCandidates": meta.get("sceneOwnerCandidates", []),
+            "adjacentRegions": list(ctx.adjacent_regions),
+            "injectLowConfidenceObjectiveMemory": s.scoring.inject_low_confidence_objective_memory,
+            "graph": {"chatId": self.snap.chat_id, "version": self.snap.version, "nodeCount": self.snap.n},
+            "bucketWeights": meta.get("bucketWeights", {}),
+        })
+
+
+def build_result(
+    state: RecallState, settings: RecallSettings, *, timings: Mapping[str, float] | None = None
+) -> RecallResult:
+    """The :class:`RecallResult` of the final pipeline state (see the module docstring)."""
+    b = _Builder(state, settings)
+    snap = state.snapshot
+    omitted: list[OmittedNode] = []
+    selected = b.selected()
+    core = b.core(selected, omitted)
+    core_set = set(core)
+    recall = b.recall_order([i for i in selected if i not in core_set])
+    grouped: dict[str, list[str]] = {name: [] for name in (*RECALL_GROUPS, "other")}
+    for i in recall:
+        t = snap.type_of(i)
+        group = next((g for g, types in RECALL_GROUPS.items() if t in types), "other")
+        grouped[group].append(snap.ids[i])
+    scope = b.scope(selected, core, omitted)
+    summaries = [e.model_dump(mode="json") for e in snap.summaries.active_entries()]
+    referenced = list(dict.fromkeys([*selected, *core]))
+    nodes = {snap.ids[i]: snap.node(i).model_dump(mode="json") for i in referenced}
+    total_active = state.meta.get("activeNodeCount")
+    if total_active is None:
+        total_active = int(state.active.sum()) if state.active.shape == (snap.n,) else 0
+    stats = {
+        "totalActive": int(total_active),
+        "summaryCount": len(summaries),
+        "coreCount": len(core),
+        "recallCount": len(recall),
+        "characterPovCount": len(scope.characterPov),
+        "userPovCount": len(scope.userPov),
+        "objectiveCurrentRegionCount": len(scope.objectiveCurrentRegion),
+        "objectiveGlobalCount": len(scope.objectiveGlobal),
+        "episodicCount": len(grouped["episodic"]),
+        "stateCount": len(grouped["state"]),
+        "reflectiveCount": len(grouped["reflective"]),
+        "ruleCount": len(grouped["rule"]),
+        "coreOmittedCount": b.omitted_counts.get("core-cap", 0),
+        "objectiveGlobalOmittedCount": b.omitted_counts.get("objective-global-cap", 0)
+        + b.omitted_counts.get("objective-global-disabled", 0),
+    }
+    timing_map = {k: round(float(v), 1) for k, v in (timings or {}).items()}
+    retrieval = {
+        k: v for k, v in state.meta.items() if k not in PRIVATE_META_KEYS and not isinstance(v, np.ndarray)
+    }
+    retrieval["skipReasons"] = list(state.skip_reasons)
+    retrieval["llm"] = dict(state.llm)
+    retrieval["timings"] = dict(timing_map)
+    vs = state.vector_status
+    selected_set = set(selected)
+    return RecallResult(
+        chat_id=snap.chat_id,
+        graph_version=int(snap.version),
+        user_message=state.query.user_message,
+        user_floor=state.query.user_floor,
+        selected_node_ids=[snap.ids[i] for i in selected],
+        selected=b.explanations(selected),
+        core_node_ids=[snap.ids[i] for i in core],
+        recall_node_ids=[snap.ids[i] for i in recall],
+        grouped_recall_node_ids=grouped,
+        summary_entries=summaries,
+        scope_buckets=scope,
+        nodes=nodes,
+        omitted=omitted,
+        stats=stats,
+        final_owner_keys=list(b.owner_keys),
+        final_owner_scores=list(b.owner_scores),
+        final_owner_mode=b.owner_mode,
+        reinforced_node_ids=[snap.ids[i] for i in state.reinforced if i in selected_set],
+        probabilistic_node_ids=[snap.ids[i] for i in state.probabilistic if i in selected_set],
+        retrieval_status=vs.retrieval_status,
+        semantic_search_used=bool(vs.semantic_search_used),
+        failure_category=vs.failure_category,
+        llm_status=str((state.llm or {}).get("status", "")),
+        meta={"retrieval": plain(retrieval), "scopeContext": b.scope_context()},
+        traces=[plain(t.to_dict()) for t in state.traces],
+        timings=timing_map,
+    )

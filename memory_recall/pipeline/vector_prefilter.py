@@ -1,0 +1,232 @@
+"""Vector prefilter stage: embed the planned queries and search the active nodes' vectors (reference §3.7).
+
+Reads
+    ``state.plan.vector_queries`` ((text, blend weight) pairs), ``state.active`` (falls back to non-archived
+    nodes with a finite range when unset), ``snapshot.embeddings`` (L2-normalised (n × d) float32),
+    ``has_vector``, ``model_id``, ``id_rank``; ``providers.embedder`` (``embed_query(text) -> (d,)``,
+    ``model_id``) and ``providers.strict``.
+Writes
+    * ``state.vector_hits = (index, weighted, raw)``: merged hits, weighted score desc then node-id byte
+      order, at most ``max(2·topK, 24)``; ``weighted`` = raw cosine × the query's blend weight (ranking),
+      ``raw`` = the raw cosine of the query that won the merge (thresholds: recall-spec departure 4).
+    * ``state.vector_raw_hit_count`` (hits before merging), ``state.query_vectors`` ((q × d) float32, rows
+      aligned with ``plan.vector_queries``), ``state.vector_status``.
+    * meta ``vectorHits`` (= raw hit count), ``vectorMergedHits`` (reference §3.21).
+Search
+    One product ``Q · Eᵀ`` for all queries; per query keep cosine > 0 among active nodes with a vector, the
+    first ``topK`` by cosine desc (ties in graph order, as the reference's stable sort) via ``argpartition``;
+    multiply by the part weight. Merge (:func:`merge_vector_hits`): max weighted score per node (on equal
+    weighted scores the earlier query wins and gives the raw cosine), sort weighted desc then node id.
+Failure policy (recall-spec departure 3, fixing §7 items 20–21)
+    An :class:`~memory_recall.errors.EmbeddingUnavailable` from the embedder, a query vector whose dimension
+    is not the snapshot's, or a snapshot whose vectors belong to another model than the embedder's (vectors of
+    two models are never compared) → ``VectorStatus("lexical_fallback", False, category, detail)`` and the
+    recall goes on without vectors (no partial result: the first failure stops the remaining queries, so a
+    timeout is paid once). With ``providers.strict`` a :class:`~memory_recall.errors.StrictModeViolation`
+    wrapping the failure is raised instead. Success → ``VectorStatus("ok", True)``.
+Settings
+    ``VectorSettings.enabled``; ``SelectionSettings.top_k`` (k per query, merge limit ``max(2·topK, 24)``).
+Skip reasons
+    ``vector-disabled`` (settings; trace only, status ``disabled``), ``no-embedder`` (the reference reports
+    ``vector-config-invalid`` for an unusable embedding config; status ``disabled``), ``no-vector-queries``,
+    ``no-node-vectors`` (no active node has a vector: nothing to search, the embedder is not called; status
+    ``lexical_fallback``), ``embedding-unavailable`` (any fallback of the failure policy).
+Departures
+    * 3 (above), 4 (raw cosine kept beside the weighted score), 10 (merge ties by node-id byte order instead
+      of ``localeCompare``), 8 via the query plan (one query per near-duplicate text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from memory_recall.errors import EmbeddingUnavailable, StrictModeViolation
+from memory_recall.pipeline._graph_cache import active_mask
+from memory_recall.pipeline.state import (
+    EMPTY_INDEX,
+    Providers,
+    RecallState,
+    StageResult,
+    StageTrace,
+    VectorStatus,
+    timed,
+)
+from memory_recall.settings import SelectionSettings, VectorSettings
+
+__all__ = ["MIN_MERGE_LIMIT", "VectorPrefilterStage", "merge_vector_hits", "merge_limit", "top_k_per_query"]
+
+#: ``mergeVectorResults`` keeps ``max(2·topK, 24)`` hits (reference §3.7, §5.3).
+MIN_MERGE_LIMIT = 24
+
+_SCORE_KIND = "cosine_x_blend_weight"
+Hits = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def merge_limit(top_k: int) -> int:
+    return max(2 * top_k, MIN_MERGE_LIMIT)
+
+
+def top_k_per_query(sims: np.ndarray, eligible: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per row of ``sims`` (q × n): the indices and cosines of the first ``k`` eligible nodes with cosine > 0,
+    cosine desc, ties in graph (index) order. Rows are handled with ``argpartition``; O(q·n)."""
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    for row in sims:
+        idx = np.flatnonzero(eligible & (row > 0))
+        scores = row[idx].astype(np.float64)
+        if idx.size > k:
+            # Keep all scores tied with the k-th best: a tie at the boundary then breaks by node index
+            # (graph order), not by argpartition's arbitrary order.
+            kth = -np.partition(-scores, k - 1)[k - 1]
+            keep = scores >= kth
+            idx, scores = idx[keep], scores[keep]
+        order = np.lexsort((idx, -scores))[:k]
+        out.append((idx[order], scores[order]))
+    return out
+
+
+def merge_vector_hits(
+    per_query: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], id_rank: np.ndarray, limit: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """``mergeVectorResults`` (reference §3.7): ``(index, weighted, raw, raw_hit_count)``.
+
+    ``per_query`` holds ``(index, weighted, raw)`` per query in plan order. Max weighted score per node (the
+    earlier query wins ties and provides ``raw``), sorted by weighted desc then ``id_rank``, cut to ``limit``.
+    """
+    parts = [p for p in per_query if p[0].size]
+    raw_count = int(sum(p[0].size for p in parts))
+    if not parts:
+        return EMPTY_INDEX, np.zeros(0), np.zeros(0), 0
+    idx = np.concatenate([np.asarray(p[0], dtype=np.int64) for p in parts])
+    weighted = np.concatenate([np.asarray(p[1], dtype=np.float64) for p in parts])
+    raw = np.concatenate([np.asarray(p[2], dtype=np.float64) for p in parts])
+    qpos = np.concatenate([np.full(p[0].size, j, dtype=np.int64) for j, p in enumerate(parts)])
+    order = np.lexsort((qpos, -weighted, idx))  # by node, best weighted first, earlier query first
+    idx, weighted, raw = idx[order], weighted[order], raw[order]
+    first = np.concatenate(([True], idx[1:] != idx[:-1]))
+    idx, weighted, raw = idx[first], weighted[first], raw[first]
+    final = np.lexsort((id_rank[idx], -weighted))[:limit]
+    return idx[final], weighted[final], raw[final], raw_count
+
+
+class VectorPrefilterStage:
+    """Embed the plan's queries and find the most similar active nodes (see the module docstring)."""
+
+    name = "vector_prefilter"
+
+    def __init__(self, settings: VectorSettings, selection: SelectionSettings, providers: Providers) -> None:
+        self.settings = settings
+        self.selection = selection
+        self.providers = providers
+
+    def run(self, state: RecallState) -> StageResult:
+        with timed() as elapsed:
+            new_state, fields = self._run(state)
+        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
+
+    def _skip(
+        self,
+        state: RecallState,
+        reason: str,
+        status: VectorStatus,
+        count_in: int = 0,
+        *,
+        record: bool = True,
+        **notes: Any,
+    ) -> tuple[RecallState, dict[str, Any]]:
+        skip_reasons = state.with_skip(reason) if record else state.skip_reasons
+        new_state = state.evolve(vector_status=status, skip_reasons=skip_reasons)
+        return new_state, {
+            "score_kind": _SCORE_KIND,
+            "score_direction": "higher_is_better",
+            "count_in": count_in,
+            "count_out": 0,
+            "skipped": True,
+            "skip_reason": reason,
+            "notes": notes,
+        }
+
+    def _fallback(
+        self, state: RecallState, failure: EmbeddingUnavailable, count_in: int, **notes: Any
+    ) -> tuple[RecallState, dict[str, Any]]:
+        if self.providers.strict:
+            raise StrictModeViolation(failure) from failure
+        status = VectorStatus("lexical_fallback", False, failure.category, failure.detail)
+        return self._skip(
+            state, "embedding-unavailable", status, count_in, failureCategory=failure.category, **notes
+        )
+
+    def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
+        snap = state.snapshot
+        if not self.settings.enabled:
+            return self._skip(state, "vector-disabled", VectorStatus("disabled", False), record=False)
+        embedder = self.providers.embedder
+        if embedder is None:
+            return self._skip(
+                state,
+                "no-embedder",
+                VectorStatus("disabled", False, "", "no embedder configured"),
+                referenceSkipReason="vector-config-invalid",
+            )
+        queries = state.plan.vector_queries
+        if not queries:
+            return self._skip(
+                state, "no-vector-queries", VectorStatus("disabled", False, "", "no vector queries")
+            )
+        act = active_mask(state)
+        eligible = act & snap.has_vector
+        count_in = int(eligible.sum())
+        if count_in == 0:
+            detail = f"no active node has a vector of model {embedder.model_id!r}"
+            return self._skip(state, "no-node-vectors", VectorStatus("lexical_fallback", False, "", detail))
+        if snap.model_id != embedder.model_id:
+            failure = EmbeddingUnavailable(
+                "dimension_mismatch",
+                f"node vectors are of model {snap.model_id!r}, the embedder is {embedder.model_id!r}",
+            )
+            return self._fallback(state, failure, count_in)
+
+        vectors: list[np.ndarray] = []
+        for text, _ in queries:
+            try:
+                vec = np.asarray(embedder.embed_query(text), dtype=np.float32).reshape(-1)
+            except EmbeddingUnavailable as exc:
+                return self._fallback(state, exc, count_in, embeddedQueries=len(vectors))
+            if vec.shape[0] != snap.dim:
+                failure = EmbeddingUnavailable(
+                    "dimension_mismatch",
+                    f"query vector has {vec.shape[0]} dimensions, node vectors {snap.dim}",
+                )
+                return self._fallback(state, failure, count_in, embeddedQueries=len(vectors))
+            norm = float(np.linalg.norm(vec))
+            if not np.isfinite(norm) or norm <= 0:
+                failure = EmbeddingUnavailable("bad_payload", "query vector is zero or not finite")
+                return self._fallback(state, failure, count_in, embeddedQueries=len(vectors))
+            vectors.append(vec / norm)
+        q_matrix = np.stack(vectors)
+
+        sims = q_matrix @ snap.embeddings.T  # (q × d)·(d × n): every query in one product
+        k = self.selection.top_k
+        per_query = [
+            (idx, scores * weight, scores)
+            for (idx, scores), (_, weight) in zip(top_k_per_query(sims, eligible, k), queries, strict=True)
+        ]
+        idx, weighted, raw, raw_count = merge_vector_hits(per_query, snap.id_rank, merge_limit(k))
+        meta = state.with_meta(vectorHits=raw_count, vectorMergedHits=int(idx.size))
+        new_state = state.evolve(
+            vector_hits=(idx, weighted, raw),
+            vector_raw_hit_count=raw_count,
+            query_vectors=q_matrix,
+            vector_status=VectorStatus("ok", True),
+            meta=meta,
+        )
+        notes = {"queries": len(queries), "perQueryHits": [int(p[0].size) for p in per_query], "topK": k}
+        return new_state, {
+            "score_kind": _SCORE_KIND,
+            "score_direction": "higher_is_better",
+            "count_in": count_in,
+            "count_out": int(idx.size),
+            "notes": notes,
+        }

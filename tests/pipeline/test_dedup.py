@@ -1,0 +1,236 @@
+"""Dedup stage (recall-spec "Dedup before rerank"): exact-text and ≥ 80 % range-overlap duplicates collapse to
+the best-ranked row, only inside the window DPP and rerank can see."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from score_helpers import (
+    assert_same,
+    freeze,
+    ids_of,
+    make_graph,
+    make_node,
+    make_snapshot,
+    make_state,
+    pov_scope,
+    run_scoring,
+    settings,
+)
+
+from memory_recall.pipeline.dedup import DedupStage, dedup_text_key
+from memory_recall.pipeline.state import ScoredTable
+from memory_recall.settings import DiversitySettings, SelectionSettings
+
+
+def _scored(nodes, message: str = "zzz"):
+    """Snapshot + state scored by the real stage; importance decides the ranking (higher first)."""
+    snap = make_snapshot(make_graph(nodes))
+    return snap, run_scoring(make_state(snap, message)).state
+
+
+def _run(state, stage: DedupStage | None = None):
+    return (stage or DedupStage()).run(state)
+
+
+class TestExactText:
+    def test_same_text_collapses_to_the_best_ranked(self) -> None:
+        snap, state = _scored(
+            [
+                make_node(
+                    "e1", "event", importance=3, title="Dragon attack", summary="The dragon burned the mill"
+                ),
+                make_node(
+                    "e2", "event", importance=9, title="Dragon  ATTACK", summary="The dragon burned the mill "
+                ),
+                make_node("e3", "event", importance=5, title="Feast", summary="A feast in the hall"),
+            ]
+        )
+        res = _run(state)
+        assert ids_of(snap, res.state.scored.index) == ["e2", "e3"]
+        assert res.state.meta["dedupCollapsed"] == {"e2": ["e1"]}
+        assert res.state.meta["dedupReasons"] == {"e1": "exact-text"}
+        assert res.trace.notes["exact_text"] == 1 and res.trace.count_out == 2
+
+    def test_text_duplicates_of_different_types_collapse(self) -> None:
+        snap, state = _scored(
+            [
+                make_node("ev", "event", importance=8, summary="Alice left the city"),
+                make_node("th", "thread", importance=2, summary="alice left the city"),
+            ]
+        )
+        assert ids_of(snap, _run(state).state.scored.index) == ["ev"]
+
+    def test_different_pov_owners_are_kept_apart(self) -> None:
+        snap, state = _scored(
+            [
+                make_node(
+                    "pa", "pov_memory", importance=8, summary="I saw the dragon", scope=pov_scope("Alice")
+                ),
+                make_node(
+                    "pb", "pov_memory", importance=7, summary="I saw the dragon", scope=pov_scope("Bob")
+                ),
+                make_node(
+                    "pa2", "pov_memory", importance=6, summary="I saw the dragon", scope=pov_scope("alice")
+                ),
+            ]
+        )
+        res = _run(state)
+        assert res.state.meta["dedupCollapsed"] == {"pa": ["pa2"]}  # owner keys compare case-insensitively
+        assert ids_of(snap, res.state.scored.index) == ["pa", "pb"]
+
+    def test_bare_names_never_collapse(self) -> None:
+        """Two character nodes that only carry the name "Alice" are the ``#nodeId`` case of reference §1.5."""
+        snap, state = _scored([make_node("c1", name="Alice"), make_node("c2", name="Alice")])
+        res = _run(state)
+        assert len(res.state.scored) == 2 and res.state.meta["dedupCollapsed"] == {}
+
+    def test_text_key(self) -> None:
+        node = make_node("x", "event", title="A  B", summary="C\r\nD", name="N")
+        assert dedup_text_key(node) == "c d | a b | n"
+        assert dedup_text_key(make_node("y", name="Only")) == ""
+
+
+class TestRangeOverlap:
+    def test_overlap_of_80_percent_collapses(self) -> None:
+        snap, state = _scored(
+            [
+                make_node(
+                    "big", "event", importance=9, seq=10, seq_range=(10, 19), title="Battle", summary="x"
+                ),
+                make_node(
+                    "over", "event", importance=5, seq=12, seq_range=(12, 21), title="War", summary="y"
+                ),
+                make_node(
+                    "less", "event", importance=4, seq=17, seq_range=(17, 26), title="Peace", summary="z"
+                ),
+            ]
+        )
+        res = _run(state)
+        # over: floors 12..19 shared = 8 of 10 → collapse; less: 17..19 = 3 of 10 → kept
+        assert ids_of(snap, res.state.scored.index) == ["big", "less"]
+        assert res.state.meta["dedupReasons"] == {"over": "range-overlap"}
+
+    def test_contained_range_collapses_by_the_shorter_length(self) -> None:
+        snap, state = _scored(
+            [
+                make_node("short", "event", importance=9, seq=5, seq_range=(5, 6), title="A", summary="a"),
+                make_node("long", "event", importance=5, seq=1, seq_range=(1, 20), title="B", summary="b"),
+            ]
+        )
+        assert _run(state).state.meta["dedupCollapsed"] == {"short": ["long"]}
+
+    def test_one_floor_nodes_of_one_floor_do_not_collapse_by_range(self) -> None:
+        """Several events extracted from one message share its floor; only equal text collapses them."""
+        snap, state = _scored(
+            [
+                make_node("e1", "event", importance=9, seq=7, title="Alice draws her sword", summary="a"),
+                make_node("e2", "event", importance=5, seq=7, title="Bob runs away", summary="b"),
+            ]
+        )
+        assert len(_run(state).state.scored) == 2
+
+    def test_different_types_never_collapse_by_range(self) -> None:
+        snap, state = _scored(
+            [
+                make_node("msg", "message", importance=9, seq=15, summary="hello there"),
+                make_node("ev", "event", importance=5, seq=10, seq_range=(10, 20), title="E", summary="e"),
+            ]
+        )
+        assert len(_run(state).state.scored) == 2
+
+    def test_provenance_range_types_never_collapse(self) -> None:
+        snap, state = _scored(
+            [
+                make_node("alice", "character", importance=9, seq=3, name="Alice", state="angry"),
+                make_node("bob", "character", importance=5, seq=3, name="Bob", state="calm"),
+            ]
+        )
+        assert len(_run(state).state.scored) == 2
+
+    def test_transitive_chain_compares_with_kept_rows_only(self) -> None:
+        snap, state = _scored(
+            [
+                make_node("a", "event", importance=9, seq=0, seq_range=(0, 9), title="a", summary="a"),
+                make_node("b", "event", importance=8, seq=2, seq_range=(2, 11), title="b", summary="b"),
+                make_node("c", "event", importance=7, seq=4, seq_range=(4, 13), title="c", summary="c"),
+            ]
+        )
+        # b ~ a (8/10) collapses; c ~ a is 6/10 (kept) even though c ~ b is 8/10 (b is gone)
+        assert ids_of(snap, _run(state).state.scored.index) == ["a", "c"]
+
+    def test_custom_ratio(self) -> None:
+        snap, state = _scored(
+            [
+                make_node("a", "event", importance=9, seq=0, seq_range=(0, 9), title="a", summary="a"),
+                make_node("c", "event", importance=7, seq=4, seq_range=(4, 13), title="c", summary="c"),
+            ]
+        )
+        assert len(_run(state, DedupStage(overlap_ratio=0.6)).state.scored) == 1
+        with pytest.raises(ValueError, match="overlap_ratio"):
+            _run(state, DedupStage(overlap_ratio=0.0))
+
+
+class TestWindow:
+    def test_rows_below_the_window_are_untouched(self) -> None:
+        nodes = [
+            make_node(f"n{i}", "event", importance=9 - i * 0.1, title=f"T{i}", summary=f"S{i}")
+            for i in range(5)
+        ]
+        nodes.append(make_node("dup", "event", importance=0, title="T0", summary="S0"))  # ranks last
+        snap, state = _scored(nodes)
+        small = DedupStage(
+            SelectionSettings(top_k=1, max_recall_nodes=1, llm_candidate_pool=1),
+            DiversitySettings(candidate_multiplier=3),
+        )
+        assert small.window() == 3
+        assert len(_run(state, small).state.scored) == 6
+        assert _run(state).state.meta["dedupCollapsed"] == {"n0": ["dup"]}
+
+    def test_default_window(self) -> None:
+        assert DedupStage().window() == 90  # max(max(12, 30), 20) × 3
+        cfg = settings(selection={"top_k": 50})
+        assert DedupStage(cfg.selection, cfg.diversity).window() == 150
+
+
+class TestContract:
+    def test_columns_stay_aligned(self) -> None:
+        snap, state = _scored(
+            [
+                make_node("a", "event", importance=9, title="x", summary="same"),
+                make_node("b", "event", importance=5, title="y", summary="other"),
+                make_node("c", "event", importance=1, title="x", summary="same"),
+            ]
+        )
+        before = state.scored
+        after = _run(state).state.scored
+        for field in ("final_score", "weighted_score", "knowledge_weight", "temporal_weight", "decay"):
+            np.testing.assert_array_equal(getattr(after, field), getattr(before, field)[[0, 1]])
+        assert after.parts.shape == (2, 4) and after.scope_bucket == before.scope_bucket[:2]
+
+    def test_empty_input_skips(self) -> None:
+        snap, state = _scored([make_node("a")])
+        state = state.evolve(scored=ScoredTable())
+        res = _run(state)
+        assert res.state is state and res.trace.skipped and res.trace.skip_reason == "no-candidates"
+
+    def test_nothing_to_collapse_keeps_the_table(self) -> None:
+        snap, state = _scored([make_node("a", "event", title="a", summary="a")])
+        res = _run(state)
+        assert res.state.scored is state.scored and not res.trace.skipped
+        assert res.state.meta["dedupCollapsed"] == {}
+
+    def test_input_not_mutated_and_deterministic(self) -> None:
+        snap, state = _scored(
+            [
+                make_node("a", "event", importance=9, title="x", summary="same"),
+                make_node("c", "event", importance=1, title="x", summary="same"),
+            ]
+        )
+        before = freeze(state)
+        a = _run(state)
+        b = _run(state)
+        assert_same(before, freeze(state))
+        assert_same(a.state.scored, b.state.scored)
+        assert a.state.meta == b.state.meta
+        assert a.trace.score_kind == "weighted_score" and a.trace.score_direction == "higher_is_better"

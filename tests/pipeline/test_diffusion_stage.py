@@ -1,0 +1,418 @@
+"""DiffusionStage (reference §3.9): scenarios 11–14, 12/21 (duplicate seeds), 38 (visibility departure),
+the per-snapshot adjacency cache, seeds from every channel, a differential test against the plain-Python
+reference transliteration, and the stage contract (skip, no mutation, determinism)."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from graph_helpers import (
+    NOW,
+    assert_ranked,
+    diffusion_of,
+    edge,
+    graph,
+    make_state,
+    node,
+    plan,
+    result_fingerprint,
+    snapshot,
+    state_fingerprint,
+)
+
+from memory_recall.pipeline import _graph_cache
+from memory_recall.pipeline.diffusion import DiffusionStage, collect_seeds, diffusion_adjacency
+from memory_recall.pipeline.kernels.diffusion import (
+    _reference_build_adjacency,
+    _reference_propagate,
+    _reference_rank,
+    build_adjacency,
+    propagate,
+)
+from memory_recall.pipeline.state import BlendPart, QueryPlan
+from memory_recall.settings import AnchorSettings, DiffusionSettings
+
+NO_TEMPORAL = DiffusionSettings(enable_temporal_links=False)
+
+
+def _example_graph():
+    # Reference §3.9 worked example / scenario 11: A–B 1.0, B–C 0.5, C–D 1.0, A–X 0.8 inhibit.
+    nodes = [node(i, "location", name=f"Place {i}") for i in ("A", "B", "C", "D", "X")]
+    edges = [edge("A", "B", 1.0), edge("B", "C", 0.5), edge("C", "D", 1.0), edge("A", "X", 0.8, inhibit=True)]
+    return graph(nodes, edges)
+
+
+def _run(state, settings=NO_TEMPORAL, anchors=None):
+    return DiffusionStage(settings, anchors).run(state)
+
+
+class TestScenario11WorkedExample:
+    """Exact energies of the reference worked example, through the stage on a snapshot."""
+
+    def test_scenario_11_alpha_0(self) -> None:
+        state = make_state(_example_graph(), "q", vector_hits=[("A", 1.0, 1.0)])
+        out = _run(state, DiffusionSettings(enable_temporal_links=False, teleport_alpha=0.0)).state
+        assert_ranked(diffusion_of(out), [("A", 1.0), ("B", 0.6), ("C", 0.18)])
+        assert out.meta["diffusionHits"] == 3  # X inhibited (−0.96, dropped), D unreached
+        assert out.meta["teleportAlpha"] == 0.0
+
+    def test_scenario_11_alpha_015(self) -> None:
+        state = make_state(_example_graph(), "q", vector_hits=[("A", 1.0, 1.0)])
+        out = _run(state).state
+        got = diffusion_of(out)
+        assert [g[0] for g in got] == ["A", "B", "C"]
+        assert [g[1] for g in got] == pytest.approx([1.0, 0.51, 0.13005], abs=1e-12)
+        assert out.meta["teleportAlpha"] == 0.15
+
+    def test_scenario_11_anchor_seed_2_alpha_015(self) -> None:
+        state = make_state(_example_graph(), "Place A", anchors=["A"])
+        out = _run(state, anchors=AnchorSettings()).state
+        got = dict(diffusion_of(out))
+        assert got == pytest.approx({"A": 2.0, "B": 1.02, "C": 0.2601}, abs=1e-12)
+        assert "X" not in got  # −1.92: inhibited nodes vanish from the ranking
+        assert out.meta["seedCount"] == 1
+
+
+class TestScenario12And21DuplicateSeeds:
+    def _graph(self):
+        nodes = [node("E2", "event", title="E two"), node("C", "character", name="Cara")]
+        return graph(nodes, [edge("E2", "C", 1.0)])
+
+    def test_scenario_21_stage_deduplicates_by_max(self) -> None:
+        """The retriever max-deduplicates seeds before diffusion (Appendix A): vector 1.0 + BM25 0.5 on the
+        same node seed it with 1.0, so one step gives E2 1.0, C 0.6 (not the kernel's summed 1.5 / 0.9)."""
+        state = make_state(self._graph(), "q", vector_hits=[("E2", 1.0, 1.0)], bm25=[("E2", 0.5)])
+        settings = DiffusionSettings(enable_temporal_links=False, teleport_alpha=0.0, max_steps=1)
+        out = _run(state, settings).state
+        assert_ranked(diffusion_of(out), [("E2", 1.0), ("C", 0.6)])
+        assert out.meta["seedCount"] == 1
+
+    def test_scenario_12_21_kernel_sums_duplicates(self) -> None:
+        """Scenarios 12/21 at kernel level, on the stage's cached adjacency: seeds [(E2, 1.0), (E2, 0.5)]
+        behave like E2 = 1.5; one step over E2–C 1.0 with α 0 → E2 1.5, C 0.9."""
+        snap = snapshot(self._graph())
+        adj, _ = diffusion_adjacency(snap, NO_TEMPORAL)
+        e2, c = snap.index["E2"], snap.index["C"]
+        idx, energy = propagate(adj, [e2, e2], [1.0, 0.5], max_steps=1, teleport_alpha=0.0)
+        assert dict(zip(idx.tolist(), energy.tolist(), strict=True)) == pytest.approx({e2: 1.5, c: 0.9})
+
+
+class TestScenario13TemporalAdjacency:
+    def _graph(self):
+        nodes = [
+            node("E1", "event", seq=1, title="First", next_id="E2"),
+            node("E2", "event", seq=2, title="Second", prev_id="E1"),
+            node("C", "character", name="Cara"),
+        ]
+        edges = [
+            edge("E2", "C", 0.9),
+            edge("E1", "C", 0.4, invalid_at=NOW - 1),  # invalidated
+            edge("E1", "C", 0.7),
+        ]
+        return graph(nodes, edges)
+
+    def test_scenario_13_adjacency_row_and_synthetic_count(self) -> None:
+        snap = snapshot(self._graph())
+        adj, _ = diffusion_adjacency(snap, DiffusionSettings())
+        row = adj.normal[[snap.index["E1"]], :].toarray()[0]
+        assert {snap.ids[j]: row[j] for j in np.flatnonzero(row)} == pytest.approx({"C": 0.7, "E2": 0.2})
+        assert adj.synthetic_edge_count == 1
+
+    def test_scenario_13_diffusion_from_e2_reaches_c_and_e1(self) -> None:
+        out = _run(make_state(self._graph(), "q", vector_hits=[("E2", 1.0, 1.0)]), DiffusionSettings()).state
+        # Step 1: C 0.9·0.6·0.85 = 0.459, E1 0.2·0.51 = 0.102; step 2: E1 0.459·0.7·0.51 + 0.15·0.2·0.51.
+        assert_ranked(diffusion_of(out), [("E2", 1.0), ("C", 0.459), ("E1", 0.179163)])
+        assert out.meta["temporalSyntheticEdgeCount"] == 1
+
+
+class TestScenario14TemporalStrength:
+    def _graph(self):
+        return graph(
+            [node("E1", "event", seq=1, title="One", next_id="E2"), node("E2", "event", seq=2, title="Two")]
+        )
+
+    def test_scenario_14_strength_0_means_no_links(self) -> None:
+        """Departure (§7 item 13): the reference turns strength 0 into 0.2; here 0 adds no temporal link."""
+        out = _run(
+            make_state(self._graph(), "q", vector_hits=[("E1", 1.0, 1.0)]),
+            DiffusionSettings(temporal_link_strength=0.0),
+        ).state
+        assert diffusion_of(out) == [("E1", 1.0)]
+        assert out.meta["temporalSyntheticEdgeCount"] == 0
+
+    def test_scenario_14_links_disabled(self) -> None:
+        out = _run(make_state(self._graph(), "q", vector_hits=[("E1", 1.0, 1.0)]), NO_TEMPORAL).state
+        assert diffusion_of(out) == [("E1", 1.0)]
+        assert out.meta["temporalSyntheticEdgeCount"] == 0
+
+    def test_scenario_14_default_strength_links(self) -> None:
+        out = _run(make_state(self._graph(), "q", vector_hits=[("E1", 1.0, 1.0)]), DiffusionSettings()).state
+        assert_ranked(diffusion_of(out), [("E1", 1.0), ("E2", 0.2 * 0.6 * 0.85)])
+        assert out.meta["temporalSyntheticEdgeCount"] == 1
+
+
+class TestSeeds:
+    def _graph(self):
+        nodes = [node(i, "character", name=f"Person {i}") for i in ("a", "b", "c", "d")]
+        return graph(nodes)
+
+    def test_bm25_seeds_scaled_by_current_user_weight(self) -> None:
+        """BM25 hits join the seeds (recall-spec "BM25 channel") with energy = normalised score × the
+        current-user blend weight (0.7 here), like vector scores."""
+        qp = QueryPlan(
+            parts=(
+                BlendPart("currentUser", "当前用户消息", "q", 0.7),
+                BlendPart("assistantContext", "最近 assistant 回复", "r", 0.3),
+            ),
+            active=True,
+        )
+        state = make_state(self._graph(), "q", bm25=[("a", 1.0), ("b", 0.5)], query_plan=qp)
+        out = _run(state).state
+        assert_ranked(diffusion_of(out), [("a", 0.7), ("b", 0.35)])
+
+    def test_bm25_weight_1_without_plan(self) -> None:
+        state = make_state(self._graph(), "", bm25=[("a", 0.8)])
+        assert_ranked(diffusion_of(_run(state).state), [("a", 0.8)])
+
+    def test_all_channels_deduplicated_by_max(self) -> None:
+        state = make_state(
+            self._graph(),
+            "q",
+            vector_hits=[("a", 0.4, 0.5), ("b", 0.9, 0.9)],
+            anchors=["a"],
+            bm25=[("b", 0.3), ("c", 0.6), ("d", 0.0)],
+        )
+        seeds = collect_seeds(state, AnchorSettings(energy=1.5).energy)
+        assert [state.snapshot.ids[i] for i in seeds.index] == ["a", "b", "c"]  # first-occurrence order; d: 0
+        assert seeds.energy.tolist() == pytest.approx([1.5, 0.9, 0.6])
+        assert seeds.sources == {"vector": 2, "anchor": 1, "bm25": 3}
+        out = _run(state, anchors=AnchorSettings(energy=1.5))
+        assert out.state.meta["seedCount"] == 3
+        assert out.trace.count_in == 3
+
+    def test_anchor_energy_from_settings(self) -> None:
+        state = make_state(self._graph(), "Person a", anchors=["a"])
+        assert diffusion_of(_run(state, anchors=AnchorSettings(energy=1.25)).state) == [("a", 1.25)]
+        assert diffusion_of(_run(state).state) == [("a", 2.0)]  # default AnchorSettings
+
+    def test_archived_seed_dropped(self) -> None:
+        g = graph([node("a", name="Alpha"), node("z", name="Zeta", archived=True)], [edge("a", "z", 1.0)])
+        out = _run(make_state(g, "q", vector_hits=[("z", 0.9, 0.9)]))
+        assert out.trace.skip_reason == "no-seeds"
+
+
+class TestScenario38Visibility:
+    """Departure 2 (§7 item 2): the reference selects [Alice, Vault] because diffusion re-introduces the
+    hidden Vault; here a hidden node never receives energy, never relays it, never appears."""
+
+    def _graph(self):
+        nodes = [
+            node("Alice", "character", name="Alice"),
+            node("Vault", "location", name="Vault", visibility="Bob"),
+            node("Beyond", "location", name="Beyond"),
+        ]
+        return graph(nodes, [edge("Alice", "Vault", 0.9), edge("Vault", "Beyond", 1.0)])
+
+    def test_scenario_38_hidden_node_not_reintroduced(self) -> None:
+        state = make_state(self._graph(), "Where is Alice", anchors=["Alice"], hidden=["Vault"])
+        out = _run(state)
+        assert diffusion_of(out.state) == [("Alice", 2.0)]  # Vault hidden, Beyond only reachable through it
+        assert out.trace.notes["hiddenNodes"] == 1
+
+    def test_reference_behaviour_without_mask(self) -> None:
+        out = _run(make_state(self._graph(), "Where is Alice", anchors=["Alice"])).state
+        assert [d[0] for d in diffusion_of(out)] == ["Alice", "Vault", "Beyond"]
+
+    def test_hidden_seed_is_dropped(self) -> None:
+        state = make_state(self._graph(), "q", vector_hits=[("Vault", 0.9, 0.9)], hidden=["Vault"])
+        assert _run(state).trace.skip_reason == "no-seeds"
+
+
+class TestAdjacencyCache:
+    """Recall-spec departure 11 (§7 item 25): adjacency built once per graph version."""
+
+    def test_second_run_reuses_adjacency(self) -> None:
+        snap = snapshot(_example_graph())
+        state = make_state(snap, "q", vector_hits=[("A", 1.0, 1.0)])
+        first = _run(state, DiffusionSettings())
+        second = _run(state, DiffusionSettings())
+        assert first.trace.notes["adjacencyCached"] is False
+        assert second.trace.notes["adjacencyCached"] is True
+        a1, _ = diffusion_adjacency(snap, DiffusionSettings())
+        a2, hit = diffusion_adjacency(snap, DiffusionSettings())
+        assert a1 is a2 and hit
+
+    def test_keyed_by_temporal_settings_and_mask(self) -> None:
+        snap = snapshot(_example_graph())
+        with_links, _ = diffusion_adjacency(snap, DiffusionSettings())
+        without, _ = diffusion_adjacency(snap, NO_TEMPORAL)
+        zero, _ = diffusion_adjacency(snap, DiffusionSettings(temporal_link_strength=0.0))
+        assert with_links is not without
+        assert without is zero  # both mean "no temporal links"
+        mask = np.zeros(snap.n, dtype=bool)
+        mask[snap.index["B"]] = True
+        m1, hit1 = diffusion_adjacency(snap, NO_TEMPORAL, mask)
+        m2, hit2 = diffusion_adjacency(snap, NO_TEMPORAL, mask.copy())
+        assert m1 is m2 and not hit1 and hit2
+        b = snap.index["B"]
+        assert m1.normal[[b], :].nnz == 0 and m1.normal[:, [b]].nnz == 0
+        assert without.normal[[b], :].nnz == 2  # the base adjacency is untouched
+
+    def test_cache_dies_with_the_snapshot(self) -> None:
+        snap = snapshot(_example_graph())
+        diffusion_adjacency(snap, NO_TEMPORAL)
+        before = len(_graph_cache._CACHE)
+        del snap
+        gc.collect()
+        assert len(_graph_cache._CACHE) == before - 1
+
+    def test_matches_kernel_build_from_edge_arrays(self) -> None:
+        nodes = [
+            node("E1", "event", seq=1, title="One", next_id="E2"),
+            node("E2", "event", seq=2, title="Two", prev_id="E1", next_id="E3"),
+            node("E3", "event", seq=3, title="Three"),
+        ]
+        edges = [edge("E1", "E2", 0.5), edge("E2", "E1", 0.25), edge("E2", "E3", 0.6, inhibit=True)]
+        snap = snapshot(graph(nodes, edges))
+        adj, _ = diffusion_adjacency(snap, DiffusionSettings())
+        ref = build_adjacency(
+            snap.n, snap.edge_src, snap.edge_dst, snap.edge_strength, snap.edge_inhibit, snap.temporal_pairs,
+            0.2,
+        )
+        assert np.allclose(adj.normal.toarray(), ref.normal.toarray())
+        assert np.allclose(adj.inhibit.toarray(), ref.inhibit.toarray())
+        assert adj.synthetic_edge_count == ref.synthetic_edge_count == 2
+
+
+def _random_case(rng: np.random.Generator):
+    n = int(rng.integers(4, 14))
+    names = [f"n{int(v):02d}" for v in rng.permutation(60)[:n]]  # graph order ≠ id byte order
+    archived = rng.random(n) < 0.15
+    types = rng.choice(["event", "character", "location"], size=n)
+    nodes, chain = [], {}
+    for i, name in enumerate(names):
+        prev_id = names[i - 1] if i > 0 and rng.random() < 0.4 else None
+        nxt = names[i + 1] if i + 1 < n and rng.random() < 0.3 else None
+        chain[name] = (prev_id, nxt)
+        nodes.append(
+            node(name, str(types[i]), seq=i, archived=bool(archived[i]), prev_id=prev_id, next_id=nxt,
+                 name=name)
+        )
+    edges = []
+    for _ in range(int(rng.integers(0, 3 * n))):
+        a, b = rng.choice(n, size=2, replace=False)
+        strength = float(rng.choice([0.25, 0.5, 0.8, 1.0]))
+        edges.append(
+            edge(
+                names[a],
+                names[b],
+                strength,
+                inhibit=bool(rng.random() < 0.15),
+                invalid_at=NOW - 5 if rng.random() < 0.1 else None,
+            )
+        )
+    hidden = [nm for nm, ar in zip(names, archived, strict=True) if not ar and rng.random() < 0.15]
+    live = [nm for nm, ar in zip(names, archived, strict=True) if not ar and nm not in hidden]
+    k = int(rng.integers(1, max(2, len(live)))) if live else 0
+    seed_names = list(rng.choice(live, size=min(k, len(live)), replace=False)) if live else []
+    vector = [(s, float(rng.choice([0.3, 0.5, 0.9])), 0.9) for s in seed_names]
+    settings = DiffusionSettings(
+        teleport_alpha=float(rng.choice([0.0, 0.15, 0.5])),
+        top_k=int(rng.choice([1, 2, 3, 100])),
+        max_steps=int(rng.integers(1, 4)),
+        enable_temporal_links=bool(rng.random() < 0.7),
+        temporal_link_strength=float(rng.choice([0.0, 0.2, 0.6])),
+    )
+    return names, archived, chain, edges, hidden, vector, settings, graph(nodes, edges)
+
+
+class TestDifferentialAgainstReference:
+    """The stage's result equals the plain-Python reference (``_reference_propagate`` on adjacency lists built
+    from the same edges, with hidden nodes' edges removed) on random small graphs."""
+
+    @pytest.mark.parametrize("seed", range(60))
+    def test_random_graph(self, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        names, archived, chain, edges, hidden, vector, settings, g = _random_case(rng)
+        state = make_state(g, "q", vector_hits=vector, hidden=hidden)
+        out = DiffusionStage(settings).run(state)
+        if not vector:
+            assert out.trace.skip_reason == "no-seeds"
+            return
+        snap = state.snapshot
+        dead = {nm for nm, ar in zip(names, archived, strict=True) if ar} | set(hidden)
+        ref_edges = [
+            (e.from_id, e.to_id, e.strength, e.edge_type)
+            for e in edges
+            if e.active(NOW) and e.from_id not in dead and e.to_id not in dead
+        ]
+        pairs = []
+        if settings.enable_temporal_links:
+            for nm in names:
+                for other in chain[nm]:
+                    if other is not None and nm not in dead and other not in dead:
+                        pairs.append((nm, other))
+        strength = settings.temporal_link_strength if settings.enable_temporal_links else 0.0
+        lists, synthetic = _reference_build_adjacency(
+            [nm for nm in names if nm not in dead], ref_edges, pairs, strength
+        )
+        raw = _reference_propagate(
+            lists,
+            [(s, w) for s, w, _ in vector],
+            max_steps=settings.max_steps,
+            top_k=settings.top_k,
+            teleport_alpha=settings.teleport_alpha,
+            tie_key=lambda nid: snap.index[nid],
+        )
+        expected = _reference_rank(raw)
+        got = diffusion_of(out.state)
+        assert [g_[0] for g_ in got] == [e[0] for e in expected]
+        assert [g_[1] for g_ in got] == pytest.approx([e[1] for e in expected], abs=1e-12)
+        if not hidden:
+            assert out.state.meta["temporalSyntheticEdgeCount"] == synthetic
+
+
+class TestContract:
+    def test_disabled_skip_leaves_state_unchanged(self) -> None:
+        state = make_state(_example_graph(), "q", vector_hits=[("A", 1.0, 1.0)])
+        out = DiffusionStage(DiffusionSettings(enabled=False)).run(state)
+        assert out.state is state
+        assert out.trace.skipped and out.trace.skip_reason == "diffusion-disabled"
+
+    def test_empty_input_skips_with_reason(self) -> None:
+        state = make_state(_example_graph(), "q")
+        out = _run(state)
+        assert out.trace.skipped and out.trace.skip_reason == "no-seeds"
+        assert out.state.skip_reasons == ("no-seeds",)
+        assert len(out.state.diffusion[0]) == 0
+        assert out.trace.score_kind == "diffusion_energy" and out.trace.score_direction == "higher_is_better"
+
+    def test_empty_graph(self) -> None:
+        out = _run(make_state(graph([]), "q"))
+        assert out.trace.skip_reason == "no-seeds"
+
+    def test_input_not_mutated(self) -> None:
+        g = graph(
+            [node("E1", "event", seq=1, title="One", next_id="E2"), node("E2", "event", seq=2, title="Two")],
+            [edge("E1", "E2", 0.5)],
+        )
+        state = make_state(g, "q", vector_hits=[("E1", 0.9, 0.9)], anchors=["E2"], bm25=[("E1", 1.0)],
+                           hidden=["E2"])
+        before = state_fingerprint(state)
+        _run(state, DiffusionSettings())
+        _run(make_state(state.snapshot, "q", vector_hits=[("E1", 0.9, 0.9)]), DiffusionSettings())
+        assert state_fingerprint(state) == before
+
+    def test_deterministic(self) -> None:
+        state = make_state(_example_graph(), "q", vector_hits=[("A", 1.0, 1.0), ("C", 0.5, 0.5)])
+        a, b = _run(state), _run(state)
+        assert result_fingerprint(a.state) == result_fingerprint(b.state)
+        assert a.trace.count_out == b.trace.count_out == 4
+
+    def test_trace_fields(self) -> None:
+        out = _run(make_state(_example_graph(), "q", vector_hits=[("A", 1.0, 1.0)], query_plan=plan("q")))
+        assert out.trace.name == "diffusion"
+        assert out.trace.elapsed_ms >= 0
+        assert (out.trace.count_in, out.trace.count_out) == (1, 3)

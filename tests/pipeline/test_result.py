@@ -1,0 +1,229 @@
+"""Result builder (reference §3.19–§3.21 with recall-spec departures 2 and 5) and canonical JSON."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from e2e_helpers import graph, make_settings, node, owner, pov, scored_state, snapshot, summaries
+
+from memory_recall.model.graph import MemoryScope, StoryTime
+from memory_recall.model.state import StorySegment, TimelineState
+from memory_recall.pipeline.result import RecallResult, build_result, json_dumps
+from memory_recall.pipeline.state import ContextInfo, StageTrace
+
+
+def region(name: str) -> MemoryScope:
+    return MemoryScope(region_primary=name)
+
+
+def finalised(state, keys=(), mode="unresolved", scores=None):
+    """The state as the owner stage leaves it."""
+    scores = scores if scores is not None else tuple(1.0 for _ in keys)
+    meta = state.with_meta(ownerPovAugmented=[])
+    return state.evolve(final_owner_keys=tuple(keys), final_owner_scores=tuple(scores), final_owner_mode=mode,
+                        meta=meta)
+
+
+class TestSelectionAndCore:
+    def test_final_cap_unique(self):
+        snap = snapshot(graph([node(f"n{k}") for k in range(5)]))
+        state = scored_state(snap, [(f"n{k}", 0.5 - k / 10) for k in range(5)], selection=["n3", "n1", "n3", "n0"])
+        r = build_result(finalised(state), make_settings(selection={"max_recall_nodes": 2}))
+        assert r.selected_node_ids == ["n3", "n1"]
+        assert [m.rank for m in r.selected] == [1, 2]
+
+    def test_synopsis_dropped_with_active_summaries(self):
+        g = graph([node("syn", "synopsis", summary="S"), node("ev", "event", title="E")], summary=summaries("sum"))
+        r = build_result(finalised(scored_state(snapshot(g), [])), make_settings())
+        assert r.core_node_ids == ["ev"]
+        assert [e["text"] for e in r.summary_entries] == ["sum"]
+        assert r.stats["summaryCount"] == 1
+
+    def test_recall_nodes_grouped(self):
+        nodes = [node("c", "character", seq=2), node("l", "location", seq=4), node("r", "reflection", seq=1),
+                 node("p", "pov_memory", seq=3, scope=pov("A")), node("e", "event", seq=5, title="E")]
+        snap = snapshot(graph(nodes))
+        state = scored_state(snap, [(i, 0.1) for i in snap.ids], selection=["c", "l", "r", "p", "e"])
+        r = build_result(finalised(state), make_settings())
+        assert r.recall_node_ids == ["l", "p", "c", "r"]  # recency desc; the event is a core node
+        assert r.grouped_recall_node_ids == {"state": ["l", "c"], "episodic": [], "reflective": ["r"],
+                                             "rule": [], "other": ["p"]}
+        assert r.core_node_ids == ["e"]
+
+
+class TestCoreCap:
+    def test_cap_order(self):
+        nodes = [node("ev-old", "event", seq=1), node("ev-new", "event", seq=9), node("ev-mid", "event", seq=5),
+                 node("syn", "synopsis", seq=3, summary="S"), node("th", "thread", seq_range=None, title="T")]
+        snap = snapshot(graph(nodes))
+        state = scored_state(snap, [("ev-old", 0.9), ("ev-mid", 0.1)], selection=["ev-old"])
+        r = build_result(finalised(state), make_settings(injector={"core_cap": 3}))
+        # cap order: ev-old (selected), ev-mid (scored), ev-new (most recent unscored); then syn, th omitted
+        assert r.core_node_ids == ["ev-new", "ev-mid", "ev-old"]
+        assert [(o.node_id, o.reason) for o in r.omitted] == [("syn", "core-cap"), ("th", "core-cap")]
+        assert r.stats["coreOmittedCount"] == 2
+
+    def test_omitted_list_is_capped(self):
+        snap = snapshot(graph([node(f"ev{k:03d}", "event", seq=k) for k in range(120)]))
+        r = build_result(finalised(scored_state(snap, [])), make_settings(injector={"core_cap": 10}))
+        assert r.core_node_ids == [f"ev{k:03d}" for k in range(119, 109, -1)]
+        core_cut = [o.node_id for o in r.omitted if o.reason == "core-cap"]
+        assert len(core_cut) == 50 and core_cut[0] == "ev109"
+        assert r.stats["coreOmittedCount"] == 110
+        assert r.stats["objectiveGlobalOmittedCount"] == 4  # the 10 core events share the 6 global places
+
+    def test_gated_hidden_future_archived_excluded(self):
+        nodes = [
+            node("ok", "event", seq=1), node("gated", "event", seq=2), node("hidden", "event", seq=3),
+            node("future", "event", seq=4, story_time=StoryTime(label="x", tense="future")),
+            node("archived", "event", seq=5, archived=True), node("norange", "rule", seq=0, seq_range=None, title="R"),
+        ]
+        snap = snapshot(graph(nodes))
+        hidden = np.zeros(snap.n, dtype=bool)
+        hidden[snap.index["hidden"]] = True
+        state = scored_state(snap, [], meta={"gate_suppressed": ["gated"], "visibility_hidden_mask": hidden})
+        r = build_result(finalised(state), make_settings())
+        assert r.core_node_ids == ["ok", "norange"]  # recency: ok (1) > norange (seq 0)
+
+    def test_core_node_the_owner_cannot_see_is_excluded(self):
+        g = graph([node("secret", "event", seq=2, title="S"), node("known", "event", seq=1, title="K")],
+                  owners=[owner("Erin", visibility={"known": 0.9})])
+        ctx = ContextInfo(owner_keys=("character:erin",), owner_scores=(1.0,), owner_mode="request")
+        state = scored_state(snapshot(g), [], context=ctx)
+        r = build_result(finalised(state, ("character:erin",), "request"), make_settings())
+        assert r.core_node_ids == ["known"]
+
+
+class TestScopeBuckets:
+    def fixture(self):
+        nodes = [
+            node("pa", "pov_memory", seq=6, scope=pov("艾琳"), summary="a"),
+            node("pb", "pov_memory", seq=5, scope=pov("露西亚"), summary="b"),
+            node("pu", "pov_memory", seq=4, scope=pov("玩家", "user"), summary="u"),
+            node("cur", "character", seq=3, scope=region("钟楼"), name="Cur"),
+            *[node(f"g{k}", "character", seq=10 + k, name=f"G{k}") for k in range(8)],
+        ]
+        return snapshot(graph(nodes))
+
+    def state(self, snap, selection, rows=None):
+        ctx = ContextInfo(active_region="钟楼", active_user_pov_owner="玩家")
+        rows = rows if rows is not None else [(i, 0.1) for i in selection]
+        return scored_state(snap, rows, selection=selection, context=ctx)
+
+    def test_buckets_with_final_owners(self):
+        snap = self.fixture()
+        state = self.state(snap, ["pa", "pb", "pu", "cur", "g0"])
+        r = build_result(finalised(state, ("character:艾琳",), "llm"), make_settings())
+        b = r.scope_buckets
+        assert b.characterPov == ["pa"]  # pb's owner is not a final owner: otherPov, dropped
+        assert b.characterPovByOwner == {"character:艾琳": ["pa"]}
+        assert b.characterPovOwnerOrder == ["character:艾琳"]
+        assert b.characterPovOwnerLabels == {"character:艾琳": "艾琳"}
+        assert b.userPov == ["pu"]
+        assert b.objectiveCurrentRegion == ["cur"]
+        assert b.objectiveGlobal == ["g0"]
+        assert r.stats["characterPovCount"] == 1 and r.stats["userPovCount"] == 1
+
+    def test_unresolved_owners_drop_character_pov(self):
+        snap = self.fixture()
+        r = build_result(finalised(self.state(snap, ["pa", "g0"])), make_settings())
+        assert r.scope_buckets.characterPov == [] and r.scope_buckets.objectiveGlobal == ["g0"]
+
+    def test_user_pov_switch(self):
+        snap = self.fixture()
+        r = build_result(finalised(self.state(snap, ["pu"])), make_settings(injector={"inject_user_pov_memory": False}))
+        assert r.scope_buckets.userPov == []
+
+    def test_objective_global_cap_by_score_not_recency(self):
+        """Departure 5: the 6 slots go to the best-scored nodes (here the oldest), shown in recall order."""
+        snap = self.fixture()
+        selection = [f"g{k}" for k in range(8)]
+        rows = [(f"g{k}", 1.0 - k / 10) for k in range(8)]
+        r = build_result(finalised(self.state(snap, selection, rows)), make_settings())
+        assert r.scope_buckets.objectiveGlobal == ["g5", "g4", "g3", "g2", "g1", "g0"]
+        assert [(o.node_id, o.reason) for o in r.omitted] == [("g6", "objective-global-cap"),
+                                                               ("g7", "objective-global-cap")]
+
+    def test_objective_global_disabled(self):
+        snap = self.fixture()
+        r = build_result(finalised(self.state(snap, ["g0"])),
+                         make_settings(injector={"inject_objective_global_memory": False}))
+        assert r.scope_buckets.objectiveGlobal == []
+        assert [o.reason for o in r.omitted] == ["objective-global-disabled"]
+
+    def test_recall_order_uses_story_time_without_cue(self):
+        timeline = TimelineState(segments=(StorySegment(id="s1", order=1), StorySegment(id="s5", order=5)))
+        nodes = [node("old", "character", seq=9, name="O", story_time=StoryTime(segment_id="s1")),
+                 node("now", "character", seq=1, name="N", story_time=StoryTime(segment_id="s5"))]
+        snap = snapshot(graph(nodes, timeline=timeline))
+        ctx = ContextInfo(story_segment_id="s5", story_segment_order=5, cue_mode="flashback")
+        state = scored_state(snap, [("old", 0.5), ("now", 0.1)], selection=["old", "now"], context=ctx)
+        r = build_result(finalised(state), make_settings())
+        assert r.recall_node_ids == ["now", "old"]  # current beats distantPast; recency alone says old first
+
+
+class TestExplanations:
+    def test_parts_add_up(self):
+        snap = snapshot(graph([node("a"), node("b")]))
+        state = scored_state(snap, [("a", 0.3), ("b", 0.2)], selection=["a", "b"],
+                             meta={"selectionOrigins": {"a": "llm", "b": "owner-pov"}})
+        r = build_result(finalised(state), make_settings())
+        for m in r.selected:
+            assert m.explanation.total() == m.score == m.explanation.score
+        assert [m.origin for m in r.selected] == ["llm", "owner-pov"]
+
+    def test_unscored_addition(self):
+        snap = snapshot(graph([node("a"), node("b")]))
+        state = scored_state(snap, [("a", 0.3)], selection=["a", "b"],
+                             meta={"selectionOrigins": {"a": "score", "b": "scene-reconstruction"}})
+        r = build_result(finalised(state), make_settings())
+        b = r.selected[1]
+        assert (b.score, b.origin) == (0.0, "scene-reconstruction")
+        assert [(p.name, p.value, p.weight, p.contribution) for p in b.explanation.parts] == [
+            ("added_by", 0.0, 0.0, 0.0)]
+        assert b.explanation.notes["added_by"] == "scene-reconstruction"
+        assert b.explanation.total() == b.score
+
+
+class TestMetaAndJson:
+    def result(self) -> RecallResult:
+        snap = snapshot(graph([node("a", seq=2, name="A"), node("e", "event", seq=1, title="E")]))
+        mask = np.zeros(snap.n, dtype=bool)
+        state = scored_state(snap, [("a", 0.25)], selection=["a"], llm={"status": "disabled", "reason": "x"},
+                             meta={"visibility_hidden_mask": mask, "activeNodeCount": 2, "weird": np.float64(0.5),
+                                   "nan": float("nan")})
+        state = state.evolve(skip_reasons=("vector-config-invalid",),
+                             traces=(StageTrace(name="scoring", elapsed_ms=1.234, notes={"x": np.int64(3)}),))
+        return build_result(finalised(state), make_settings(), timings={"scoring": 1.234, "total": 2.0})
+
+    def test_meta(self):
+        r = self.result()
+        retrieval = r.meta["retrieval"]
+        assert "visibility_hidden_mask" not in retrieval
+        assert retrieval["skipReasons"] == ["vector-config-invalid"]
+        assert retrieval["llm"] == {"status": "disabled", "reason": "x"}
+        assert retrieval["weird"] == 0.5 and retrieval["nan"] is None
+        assert retrieval["timings"] == {"scoring": 1.2, "total": 2.0}
+        ctx = r.meta["scopeContext"]
+        assert ctx["sceneOwnerResolutionMode"] == "unresolved"
+        assert ctx["graph"] == {"chatId": "chat-e2e", "version": 1, "nodeCount": 2}
+        assert r.stats == {
+            "totalActive": 2, "summaryCount": 0, "coreCount": 1, "recallCount": 1, "characterPovCount": 0,
+            "userPovCount": 0, "objectiveCurrentRegionCount": 0, "objectiveGlobalCount": 2, "episodicCount": 0,
+            "stateCount": 1, "reflectiveCount": 0, "ruleCount": 0, "coreOmittedCount": 0,
+            "objectiveGlobalOmittedCount": 0,
+        }
+        assert set(r.nodes) == {"a", "e"} and r.nodes["a"]["fields"] == {"name": "A"}
+        assert r.llm_status == "disabled"
+
+    def test_json_dumps_canonical(self):
+        a, b = json_dumps(self.result()), json_dumps(self.result())
+        assert a == b
+        data = json.loads(a)
+        assert data["timings"] == {"scoring": 0.0, "total": 0.0}
+        assert data["traces"][0]["elapsed_ms"] == 0.0 and data["traces"][0]["notes"] == {"x": 3}
+        assert list(data) == sorted(data)
+        with_timings = json.loads(json_dumps(self.result(), timings=True))
+        assert with_timings["timings"] == {"scoring": 1.2, "total": 2.0}
+        assert "NaN" not in a
