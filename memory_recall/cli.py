@@ -206,6 +206,103 @@ def cmd_providers_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_recall(args: argparse.Namespace) -> Any:
+    """Recall ``args.input`` against ``args.chat`` with the configured providers; returns the RecallResult."""
+    from memory_recall.pipeline.retrieve import retrieve
+    from memory_recall.pipeline.state import Providers, RecallQuery
+    from memory_recall.providers.embedding import make_embedder
+    from memory_recall.providers.llm import make_llm
+    from memory_recall.store.snapshot import build_snapshot
+
+    settings = _settings(args)
+    store = _open_store(args)
+    try:
+        if store.chat_version(args.chat) == 0:
+            raise InputError("--chat", f"no chat {args.chat!r} in this store")
+        if not args.input.strip():
+            raise InputError("--input", "must not be empty")
+        embedder = make_embedder(settings.embedding)
+        now = _now_ms()
+        snapshot = build_snapshot(store.snapshot_source(args.chat, embedder.model_id if embedder else ""), now_ms=now)
+        providers = Providers(
+            embedder=embedder,
+            llm=make_llm(settings.llm),
+            lexical_index=lambda terms, limit: store.bm25(args.chat, terms, limit),
+            strict=settings.embedding.strict,
+        )
+        query = RecallQuery(
+            user_message=args.input,
+            recent_lines=tuple(args.recent or ()),
+            now_ms=now,
+            chat_id=args.chat,
+            active_region=args.region or "",
+            active_owner_keys=tuple(args.owner) if args.owner else None,
+        )
+        return retrieve(snapshot, query, settings, providers)
+    finally:
+        store.close()
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4f}"
+
+
+def cmd_recall(args: argparse.Namespace) -> int:
+    from memory_recall.pipeline.result import json_dumps
+
+    result = _run_recall(args)
+    if args.json:
+        print(json_dumps(result))
+        return 0
+    status = result.retrieval_status
+    if result.failure_category:
+        status += f" ({result.failure_category})"
+    print(f"chat {result.chat_id} v{result.graph_version}: {len(result.selected)} memories, retrieval {status}")
+    print(f"{'#':>3}  {'score':>7}  {'type':<11} {'node':<28} label")
+    for mem in result.selected:
+        label = mem.label.replace("\n", " ")
+        print(f"{mem.rank:>3}  {_fmt(mem.score):>7}  {mem.type:<11} {mem.node_id:<28} {label[:80]}")
+    injection = _render(result, args)
+    if injection is not None:
+        print()
+        print(injection.text)
+    return 0
+
+
+def _render(result: Any, args: argparse.Namespace) -> Any:
+    """The injection block, when the injector is installed."""
+    try:
+        from injector import render
+    except ImportError:
+        return None
+    return render(result, _settings(args).injector)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    result = _run_recall(args)
+    print(f"{'stage':<18} {'ms':>8} {'in':>6} {'out':>6}  {'score':<22} skip / notes")
+    for trace in result.traces:
+        kind = f"{trace['score_kind']} ({trace['score_direction'].replace('_is_better', '')})"
+        extra = trace["skip_reason"] if trace["skipped"] else ""
+        print(
+            f"{trace['name']:<18} {trace['elapsed_ms']:>8.2f} {trace['count_in']:>6} {trace['count_out']:>6}  "
+            f"{kind:<22} {extra}"
+        )
+    print()
+    for mem in result.selected:
+        expl = mem.explanation
+        print(f"#{mem.rank} {mem.node_id} ({mem.type}, {mem.origin}): score {_fmt(expl.score)} [{expl.score_kind}]")
+        for part in expl.parts:
+            print(
+                f"    {part.name:<12} value {_fmt(part.value):>8} × weight {_fmt(part.weight):>8} "
+                f"= {_fmt(part.contribution)}"
+            )
+        if expl.multipliers:
+            mult = ", ".join(f"{k} {_fmt(v)}" for k, v in expl.multipliers.items())
+            print(f"    multipliers: {mult}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from memory_recall.demo import run_demo
 
@@ -251,6 +348,19 @@ def _parser() -> argparse.ArgumentParser:
     p = add("stats", cmd_stats, "list chats, or show one chat's counts")
     p.add_argument("--chat")
 
+    for name, fn, help_ in (
+        ("recall", cmd_recall, "recall memories for an input text and print them (and the injection block)"),
+        ("explain", cmd_explain, "recall, then print every stage's trace and each memory's score breakdown"),
+    ):
+        p = add(name, fn, help_)
+        p.add_argument("--chat", required=True)
+        p.add_argument("--input", required=True, help="the user's message to recall for")
+        p.add_argument("--recent", action="append", help="a recent context line '[user]: …' (repeatable)")
+        p.add_argument("--region", help="active region")
+        p.add_argument("--owner", action="append", help="active scene owner key, e.g. character:erin (repeatable)")
+        if name == "recall":
+            p.add_argument("--json", action="store_true", help="print the whole result as JSON")
+
     providers = sub.add_parser("providers", help="embedding and LLM providers")
     psub = providers.add_subparsers(dest="providers_command", required=True)
     p = psub.add_parser("check", help="report what is configured and whether each endpoint answers")
@@ -279,6 +389,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # Output piped into e.g. `head`, which stopped reading: not an error of ours.
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

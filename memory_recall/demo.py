@@ -41,7 +41,7 @@ def load_demo_chat() -> tuple[str, list[ChatMessage]]:
 
 def run_demo(args: argparse.Namespace) -> int:
     """Ingest (and embed) the demo chat into the store, then report; returns the exit status."""
-    from memory_recall.cli import _embed, _open_store
+    from memory_recall.cli import _embed, _open_store, _render, _run_recall
     from memory_recall.ingest.messages import ingest_messages
 
     title, messages = load_demo_chat()
@@ -51,10 +51,12 @@ def run_demo(args: argparse.Namespace) -> int:
     store = _open_store(args)
     try:
         started = time.perf_counter()
-        report = ingest_messages(store, DEMO_CHAT_ID, messages, now_ms=int(time.time() * 1000))
+        # The chat up to (not including) its last user turn: that turn is what recall answers.
+        history = [m for m in messages if m.floor < users[-1].floor]
+        report = ingest_messages(store, DEMO_CHAT_ID, history, now_ms=int(time.time() * 1000))
         took = time.perf_counter() - started
         stats = store.stats(DEMO_CHAT_ID)
-        print(f"demo chat: {title!r}, {len(messages)} messages")
+        print(f"demo chat: {title!r}, {len(messages)} messages ({len(history)} before the last user turn)")
         print(
             f"ingested into chat {DEMO_CHAT_ID!r}: {stats['node_count']} nodes, {stats['edge_count']} edges "
             f"(+{report.nodes_added} nodes this run, {took * 1000:.0f} ms)"
@@ -63,8 +65,27 @@ def run_demo(args: argparse.Namespace) -> int:
         if by_type:
             print("nodes by type: " + ", ".join(f"{t} {c}" for t, c in sorted(by_type.items())))
         print(_embed(store, DEMO_CHAT_ID, args))
-        print(f"last user turn (floor {users[-1].floor}): {users[-1].text}")
-        print("recall: the retrieve pipeline is not available in this version yet; the demo stops after ingestion.")
     finally:
         store.close()
+    last = users[-1]
+    earlier = [m for m in history if m.role != "system"][-4:]
+    print(f"\nrecall for the last user turn (floor {last.floor}): {last.text}")
+    recall_args = argparse.Namespace(**vars(args))
+    recall_args.chat = DEMO_CHAT_ID
+    recall_args.input = last.text
+    recall_args.recent = [f"[{m.role}]: {m.text}" for m in earlier]
+    recall_args.region = None
+    recall_args.owner = None
+    result = _run_recall(recall_args)
+    status = result.retrieval_status + (f" ({result.failure_category})" if result.failure_category else "")
+    print(f"{len(result.selected)} memories selected, retrieval {status}\n")
+    print(f"{'#':>3} {'score':>7}  {'memory':<14} why (largest parts of the score)")
+    for mem in result.selected:
+        parts = sorted(mem.explanation.parts, key=lambda p: -p.contribution)[:2]
+        why = ", ".join(f"{p.name} {p.contribution:.3f}" for p in parts if p.contribution > 0) or mem.origin
+        text = mem.label.replace("\n", " ")
+        print(f"{mem.rank:>3} {mem.score:>7.4f}  {mem.node_id:<14} {why}  | {text[:70]}")
+    injection = _render(result, recall_args)
+    if injection is not None:
+        print("\ninjection block:\n" + injection.text)
     return 0

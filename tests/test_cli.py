@@ -115,5 +115,9 @@ def test_demo_console_script(tmp_path: Path) -> None:
     proc = subprocess.run([str(exe), "demo", "-q"], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == "demo chat: 'The Verity Locket at Thornwick Manor', 30 messages"
+    assert lines[0] == "demo chat: 'The Verity Locket at Thornwick Manor', 30 messages (28 before the last user turn)"
     assert lines[1].startswith("ingested into chat 'demo': ")
+    assert "recall for the last user turn (floor 28): *I keep my face still.*" in proc.stdout
+    selected = [line.split()[2] for line in lines if line[:3].strip().isdigit() and " | " in line]
+    # Memories of the chat before the recalled turn only, at most max_recall_nodes (12) of them.
+    assert 0 < len(selected) <= 12 and "msg:28" not in selected and "msg:29" not in selected
