@@ -24,6 +24,7 @@ from memory_recall.errors import ConfigError
 __all__ = [
     "AnchorSettings",
     "ContextSettings",
+    "ControllerSettings",
     "CooccurrenceSettings",
     "CrossRecallSettings",
     "DiffusionSettings",
@@ -41,6 +42,7 @@ __all__ = [
     "RerankSettings",
     "ScoringSettings",
     "SelectionSettings",
+    "ServiceSettings",
     "StoreSettings",
     "VectorSettings",
     "VisibilitySettings",
@@ -185,6 +187,11 @@ class DiffusionSettings(BaseModel):
     temporal_link_strength: Unit = Field(default=0.2, ge=0, le=1)
     min_energy: float = Field(default=0.01, ge=0, le=1)
     inhibit_multiplier: float = Field(default=2.0, ge=0, le=10)
+    # Hub damping (not in the reference): each real edge is scaled by f(a)·f(b), f = min(1, threshold /
+    # degree) ** exponent, so a node linked to hundreds of turns (a speaker, a common name) does not flood
+    # them all with energy. 0 = off (the reference).
+    hub_degree_threshold: int = Field(default=0, ge=0, le=100_000)
+    hub_exponent: float = Field(default=1.0, ge=0, le=4)
 
 
 class CrossRecallSettings(BaseModel):
@@ -240,6 +247,8 @@ class ScoringSettings(BaseModel):
     objective_adjacent_region_weight: float = Field(default=0.9, ge=0, le=10)
     objective_global_weight: float = Field(default=0.75, ge=0, le=10)
     inject_low_confidence_objective_memory: bool = False
+    # Reference §1.9 time decay of the hybrid score (off = every node's decay is 1.0).
+    time_decay: bool = True
 
 
 class DiversitySettings(BaseModel):
@@ -303,6 +312,38 @@ class InjectorSettings(BaseModel):
     cell_chars: int = Field(default=200, ge=10, le=10_000)
 
 
+class ControllerSettings(BaseModel):
+    """Recall controller (reference §2.2, §5.2; recall-spec departures 1 and 7)."""
+
+    model_config = _Section
+
+    #: Gate 3 of reference §2.2 (``enabled`` / ``recallEnabled``): False → every recall is skipped.
+    enabled: bool = True
+    #: ``recallLlmContextMessages`` (reference §5.2: default 4, clamped to 0–20).
+    recent_context_messages: int = Field(default=4, ge=0, le=20)
+    #: Departure 7: re-recall instead of replaying a record whose graph version is no longer current.
+    replay_stale_records: bool = False
+
+
+class ServiceSettings(BaseModel):
+    """HTTP service (``memory-recall serve``): bind address, bearer token, body limit, CORS origins.
+
+    Binding a non-loopback ``host`` requires a ``token`` (env ``MEMORY_RECALL_SERVICE__TOKEN``); the service
+    refuses to start without one. ``cors_origins``: the chat host's page origins (SillyTavern runs in the
+    browser on its own port) allowed to call the service.
+    """
+
+    model_config = _Section
+
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
+    port: int = Field(default=8765, ge=0, le=65535)
+    token: str = Field(default="", max_length=4096)
+    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    cors_origins: tuple[str, ...] = ("http://127.0.0.1:8000", "http://localhost:8000")
+    #: Seconds the shutdown waits for in-flight writes and embedding before closing the store.
+    shutdown_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+
+
 _PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "app": {},
     # retrieve() fallbacks of the reference (§5.1 "retrieve fallback" column).
@@ -346,6 +387,8 @@ class RecallSettings(BaseSettings):
     reinforcement: ReinforcementSettings = Field(default_factory=ReinforcementSettings)
     probabilistic: ProbabilisticSettings = Field(default_factory=ProbabilisticSettings)
     injector: InjectorSettings = Field(default_factory=InjectorSettings)
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
 
     @classmethod
     def settings_customise_sources(

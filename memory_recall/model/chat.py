@@ -45,9 +45,19 @@ class ChatMessage(BaseModel):
     attachments: tuple[str, ...] = ()
     extra: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("text", "speaker")
+    # Every string that reaches a node (date → fields.date and story time, captions → summary) is checked:
+    # ingest builds nodes without re-validating them, and the store refuses to read a NUL back.
+    @field_validator("text", "speaker", "date", "evidence_id")
     @classmethod
     def _no_nul(cls, value: str) -> str:
         if "\x00" in value:
             raise ValueError("must not contain NUL characters")
+        return value
+
+    @field_validator("attachments")
+    @classmethod
+    def _no_nul_captions(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for i, caption in enumerate(value):
+            if "\x00" in caption:
+                raise ValueError(f"[{i}]: must not contain NUL characters")
         return value

@@ -15,13 +15,21 @@ reuses the verdict of the scoring stage and never re-decides it:
   graph and lexical evidence — its real evidence in this recall — so no rescue, and the temporal director's
   suppression). That is still "once per node per recall with all of its scores".
 
-Cost: O(len(idx)) numpy work plus one vectorised gate over the unscored part of ``idx``.
+Cost: O(len(idx)) numpy work plus one vectorised gate over the unscored part of ``idx`` not yet judged in this
+recall. The late stages call :func:`admissible` many times on small index sets (scene reconstruction per
+neighbourhood, core nodes, every event), so the per-recall parts — the suppressed mask over all nodes, the
+sorted score-table index — are memoised per thread, keyed by the identity of the (immutable) objects they
+derive from (a new recall state replaces the entry); the zero-evidence verdict of each node already judged is
+kept per snapshot and scene (:func:`_verdicts`), since it depends on nothing else.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 import numpy as np
@@ -41,21 +49,87 @@ def ids_to_index(state: RecallState, ids: Iterable[Any] | None) -> np.ndarray:
     return np.array(found, dtype=np.int64)
 
 
+_MEMO = threading.local()
+
+
+def _memo(slot: str, key: tuple[Any, ...], build: Any) -> Any:
+    """One memoised value per ``slot`` and thread, reused while every object of ``key`` is the same object
+    (identity, not equality: the keys are immutable per-recall objects and are kept alive by the entry)."""
+    entry = getattr(_MEMO, slot, None)
+    if entry is not None and len(entry[0]) == len(key) and all(a is b for a, b in zip(entry[0], key, strict=True)):
+        return entry[1]
+    value = build()
+    setattr(_MEMO, slot, (key, value))
+    return value
+
+
+#: Zero-evidence verdict arrays kept per snapshot: one per recent scene (owners, region, story time, settings).
+MAX_SCENES_PER_SNAPSHOT = 8
+
+_VERDICTS: weakref.WeakKeyDictionary[Any, OrderedDict[Hashable, np.ndarray]] = weakref.WeakKeyDictionary()
+_VERDICTS_LOCK = threading.Lock()
+
+
+def _verdicts(snapshot: Any, key: Hashable) -> np.ndarray:
+    """(n,) int8 verdicts of one scene on one snapshot: −1 not judged yet, else 0/1.
+
+    The zero-evidence verdict reads only the snapshot, the :class:`ContextInfo` (scene owners, region, story
+    time — all frozen and compared by value) and the two settings sections, so a scene that stays the same
+    over several turns reuses what earlier recalls judged. Entries die with the snapshot (weak keys).
+    """
+    with _VERDICTS_LOCK:
+        scenes = _VERDICTS.get(snapshot)
+        if scenes is None:
+            scenes = OrderedDict()
+            _VERDICTS[snapshot] = scenes
+        arr = scenes.get(key)
+        if arr is None:
+            arr = np.full(snapshot.n, -1, dtype=np.int8)
+            scenes[key] = arr
+            while len(scenes) > MAX_SCENES_PER_SNAPSHOT:
+                scenes.popitem(last=False)
+        else:
+            scenes.move_to_end(key)
+        return arr
+
+
+def _suppressed_all(state: RecallState) -> np.ndarray:
+    """(n,) bool: hidden, gate-suppressed or temporally suppressed (see :func:`suppressed_mask_for`)."""
+    snap = state.snapshot
+    meta = state.meta
+    gate = meta.get("gate_suppressed", ())
+    temporal = meta.get("temporalSuppressedNodes", ())
+    hidden_raw = meta.get("visibility_hidden_mask")
+
+    def build() -> np.ndarray:
+        out = np.zeros(snap.n, dtype=bool)
+        hidden = hidden_mask(state)
+        if hidden is not None:
+            out |= hidden
+        for listed in (gate, temporal):
+            found = ids_to_index(state, listed)
+            if found.size:
+                out[found] = True
+        return out
+
+    return _memo("suppressed", (snap, gate, temporal, hidden_raw), build)
+
+
 def suppressed_mask_for(state: RecallState, idx: np.ndarray) -> np.ndarray:
     """For each node of ``idx``: hidden by the visibility filter, suppressed by the knowledge gate or
     temporally suppressed, according to what the earlier stages recorded."""
     idx = np.asarray(idx, dtype=np.int64)
-    out = np.zeros(idx.size, dtype=bool)
     if idx.size == 0:
-        return out
-    hidden = hidden_mask(state)
-    if hidden is not None:
-        out |= hidden[idx]
-    for key in ("gate_suppressed", "temporalSuppressedNodes"):
-        listed = ids_to_index(state, state.meta.get(key, ()))
-        if listed.size:
-            out |= np.isin(idx, listed)
-    return out
+        return np.zeros(0, dtype=bool)
+    return _suppressed_all(state)[idx]
+
+
+def _sorted_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(table, kind="stable")
+        return order, table[order]
+
+    return _memo("rows", (table,), build)
 
 
 def rows_of(state: RecallState, idx: np.ndarray) -> np.ndarray:
@@ -65,12 +139,37 @@ def rows_of(state: RecallState, idx: np.ndarray) -> np.ndarray:
     out = np.full(idx.size, -1, dtype=np.int64)
     if idx.size == 0 or len(table) == 0:
         return out
-    order = np.argsort(table, kind="stable")
-    sorted_idx = table[order]
+    order, sorted_idx = _sorted_table(table)
     pos = np.clip(np.searchsorted(sorted_idx, idx), 0, sorted_idx.size - 1)
     found = sorted_idx[pos] == idx
     out[found] = order[pos[found]]
     return out
+
+
+def _unscored_verdict(
+    state: RecallState, sub: np.ndarray, ctx: ContextInfo, ctx_settings: ContextSettings,
+    scoring_settings: ScoringSettings,
+) -> np.ndarray:
+    """The zero-evidence gate and temporal verdict of the nodes ``sub``; element-wise, so the verdict of each
+    node judged earlier in this recall (same snapshot, owners context and settings) is reused."""
+    snap = state.snapshot
+    known = _verdicts(snap, (ctx, ctx_settings, scoring_settings))
+    todo = sub[known[sub] < 0]
+    if todo.size:
+        todo = np.unique(todo)
+        verdict = np.ones(todo.size, dtype=bool)
+        if ctx_settings.enable_cognitive_memory:
+            buckets = scope_buckets(snap, todo, ctx, settings=ctx_settings)
+            zeros = np.zeros(todo.size)
+            gate = knowledge_gate(
+                snap, todo, resolve_owner_rows(snap, tuple(ctx.owner_keys)), zeros, zeros, zeros, buckets,
+                inject_low_confidence=scoring_settings.inject_low_confidence_objective_memory,
+            )
+            verdict &= gate.visible
+        if ctx_settings.enable_story_timeline and ctx_settings.story_time_soft_directing:
+            verdict &= ~temporal_director(snap, todo, ctx, enabled=True).suppressed
+        known[todo] = verdict
+    return known[sub] == 1
 
 
 def admissible(
@@ -100,20 +199,8 @@ def admissible(
     unscored = ok & (rows_of(state, idx) < 0)
     if not unscored.any():
         return ok
-    sub = idx[unscored]
     ctx = owner_context or state.context
-    verdict = np.ones(sub.size, dtype=bool)
-    if ctx_settings.enable_cognitive_memory:
-        buckets = scope_buckets(snap, sub, ctx, settings=ctx_settings)
-        zeros = np.zeros(sub.size)
-        gate = knowledge_gate(
-            snap, sub, resolve_owner_rows(snap, tuple(ctx.owner_keys)), zeros, zeros, zeros, buckets,
-            inject_low_confidence=scoring_settings.inject_low_confidence_objective_memory,
-        )
-        verdict &= gate.visible
-    if ctx_settings.enable_story_timeline and ctx_settings.story_time_soft_directing:
-        verdict &= ~temporal_director(snap, sub, ctx, enabled=True).suppressed
-    ok[unscored] = verdict
+    ok[unscored] = _unscored_verdict(state, idx[unscored], ctx, ctx_settings, scoring_settings)
     return ok
 
 

@@ -63,6 +63,7 @@ __all__ = [
     "current_user_weight",
     "diffuse",
     "diffusion_adjacency",
+    "hub_factors",
 ]
 
 #: Energy clamp of ``propagateActivation`` (reference §3.9, §5.3).
@@ -150,12 +151,28 @@ def _temporal_strength(settings: DiffusionSettings) -> float:
     return float(settings.temporal_link_strength) if settings.enable_temporal_links else 0.0
 
 
-def _build_adjacency(snapshot: GraphSnapshot, strength: float) -> Adjacency:
+def hub_factors(adjacency: sp.csr_matrix | sp.csr_array, threshold: int, exponent: float) -> np.ndarray:
+    """Per-node damping ``min(1, threshold / degree) ** exponent`` (degree = distinct neighbours over real
+    edges); all ones when ``threshold`` is 0. O(n + nnz)."""
+    n = adjacency.shape[0]
+    if threshold <= 0 or n == 0:
+        return np.ones(n)
+    csr = sp.csr_array(adjacency)
+    degree = np.diff(csr.indptr).astype(np.float64)
+    return np.minimum(1.0, threshold / np.maximum(degree, 1.0)) ** float(exponent)
+
+
+def _build_adjacency(
+    snapshot: GraphSnapshot, strength: float, hub_threshold: int = 0, hub_exponent: float = 1.0
+) -> Adjacency:
     """The kernel's :class:`Adjacency` from the snapshot's CSR matrices plus the temporal links
     (reference §1.3: each unordered prev/next pair once, added to any real edge between the same
-    nodes). O(E + T)."""
+    nodes), real edges damped at hubs (``D·A·D``, ``D = diag(hub_factors)``). O(E + T)."""
     n = snapshot.n
     normal = sp.csr_array(snapshot.adjacency.copy(), dtype=np.float64)
+    if hub_threshold > 0 and n:
+        damp = sp.diags_array(hub_factors(normal, hub_threshold, hub_exponent))
+        normal = sp.csr_array(damp @ normal @ damp)
     synthetic = 0
     pairs = np.asarray(snapshot.temporal_pairs, dtype=np.int64).reshape(-1, 2)
     if strength > 0 and pairs.size:
@@ -193,15 +210,16 @@ def diffusion_adjacency(
     ``hidden`` nodes zeroed when a mask is given. Built once per snapshot (and once per distinct mask), then
     served from the per-snapshot cache (recall-spec departure 11)."""
     strength = _temporal_strength(settings)
+    hub = (int(settings.hub_degree_threshold), float(settings.hub_exponent))
     base, hit = cached(
-        snapshot, ("diffusion-adjacency", strength), lambda: _build_adjacency(snapshot, strength)
+        snapshot, ("diffusion-adjacency", strength, *hub), lambda: _build_adjacency(snapshot, strength, *hub)
     )
     if hidden is None or not hidden.any():
         return base, hit
     keep = ~np.asarray(hidden, dtype=bool)
     return cached(
         snapshot,
-        ("diffusion-adjacency-masked", strength, mask_digest(hidden)),
+        ("diffusion-adjacency-masked", strength, *hub, mask_digest(hidden)),
         lambda: Adjacency(
             _mask_csr(base.normal, keep), _mask_csr(base.inhibit, keep), base.synthetic_edge_count
         ),

@@ -114,6 +114,8 @@ PARTICIPANT_FIELDS = ("participants", "summary", "state", "title", "name", "stat
 #: Neighbour types an expanded event pulls in (§3.16 step 3; rules are not).
 EVENT_NEIGHBOR_TYPES = ("character", "location", "thread", "reflection", "pov_memory")
 NEAREST_EVENTS = 2
+#: Events admitted per step when looking for the nearest admissible events.
+_EVENT_BLOCK = 64
 POV_NEIGHBORS = 2
 ENTITY_EVENTS = 2
 
@@ -321,6 +323,14 @@ class OwnerStage:
         _, first = np.unique(other, return_index=True)
         return other[np.sort(first)]
 
+    @staticmethod
+    def _neighbourhood(snap: GraphSnapshot, idx: np.ndarray) -> np.ndarray:
+        """Sorted unique other endpoints of the active edges of the nodes ``idx`` (one sparse row slice)."""
+        if idx.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        pos = snap.incident[idx].data.astype(np.int64) - 1
+        return np.union1d(snap.edge_src[pos], snap.edge_dst[pos])
+
     def _owner_pov_rows(self, state: RecallState, keys: Sequence[str]) -> dict[str, int]:
         """Best-ranked scored pov_memory node index of each owner key (base-key comparison)."""
         snap = state.snapshot
@@ -419,7 +429,7 @@ class OwnerStage:
         out: list[int] = []
         seen: set[int] = set()
         admit_cache: dict[int, bool] = {}
-        events_cache: list[np.ndarray] = []
+        events_cache: list[np.ndarray] = []  # events sorted by seq, their seq
 
         def admit(idx: np.ndarray) -> np.ndarray:
             todo = np.array([i for i in idx.tolist() if i not in admit_cache], dtype=np.int64)
@@ -436,21 +446,49 @@ class OwnerStage:
             origins.setdefault(i, origin)
             return True
 
-        def admissible_events() -> np.ndarray:
-            if not events_cache:  # one vectorised admission over every event, once per run
+        def events_by_seq() -> tuple[np.ndarray, np.ndarray]:
+            if not events_cache:
                 ev = np.flatnonzero(snap.type_code == _EVENT)
-                events_cache.append(ev[self._admit(state, ev)] if ev.size else ev)
-            return events_cache[0]
+                ev = ev[np.argsort(snap.seq[ev], kind="stable")]
+                events_cache.extend((ev, snap.seq[ev]))
+            return events_cache[0], events_cache[1]
 
         def nearest_events(e: int) -> list[int]:
-            ev = admissible_events()
+            found = ranked_events(e, window=True)
+            return found if found is not None else ranked_events(e, window=False) or []
+
+        def ranked_events(e: int, *, window: bool) -> list[int] | None:
+            ev, ev_seq = events_by_seq()
+            s = snap.seq[e]
+            if window and ev.size > 2 * _EVENT_BLOCK:
+                # Every event within seq distance d of e, d set by the _EVENT_BLOCK-th neighbour on each side:
+                # ranked among themselves they are a prefix of the full nearest-first order.
+                p = int(np.searchsorted(ev_seq, s))
+                left = int(s - ev_seq[p - _EVENT_BLOCK]) if p >= _EVENT_BLOCK else None
+                right = int(ev_seq[p + _EVENT_BLOCK] - s) if p + _EVENT_BLOCK < ev.size else None
+                d = min(x for x in (left, right) if x is not None)
+                first = int(np.searchsorted(ev_seq, s - d, side="left"))
+                last = int(np.searchsorted(ev_seq, s + d, side="right"))
+                ev = ev[first:last]
+            else:
+                window = False
             ev = ev[ev != e]
             if ev.size == 0:
-                return []
+                return None if window else []
             seq = snap.seq[ev]
             dist = np.abs(seq - snap.seq[e])
             order = np.lexsort((snap.id_rank[ev], -seq, dist))  # nearest, then higher seq, then node id
-            return ev[order[:NEAREST_EVENTS]].tolist()
+            # Admission is per node, so walking the nearest-first order in blocks and stopping once enough are
+            # admitted picks the same events as admitting every event first (a long chat has thousands).
+            found: list[int] = []
+            for lo in range(0, order.size, _EVENT_BLOCK):
+                block = ev[order[lo:lo + _EVENT_BLOCK]]
+                found.extend(block[admit(block)].tolist())
+                if len(found) >= NEAREST_EVENTS:
+                    break
+            if window and len(found) < NEAREST_EVENTS:
+                return None
+            return found[:NEAREST_EVENTS]
 
         def by_recency(idx: np.ndarray, k: int) -> list[int]:
             if idx.size == 0:
@@ -482,6 +520,11 @@ class OwnerStage:
         expanders: dict[int, Callable[[int], None]] = {
             _EVENT: expand_event, _POV: expand_pov, _CHARACTER: expand_entity, _LOCATION: expand_entity,
         }
+        # Each admission call has a fixed cost of a few vectorised passes: judge the two-hop neighbourhood of
+        # the selection in one call up front (admission is per node, so the verdicts are the same).
+        if selected:
+            near = self._neighbourhood(snap, np.asarray(selected, dtype=np.int64))
+            admit(np.union1d(near, self._neighbourhood(snap, near[snap.type_code[near] == _EVENT])))
         for i in selected:
             if len(out) >= limit:
                 break

@@ -201,9 +201,22 @@ class RecallResult(BaseModel):
 # --- JSON helpers -----------------------------------------------------------------------------------------------
 
 
+_SCALARS = (str, int, bool, type(None))
+
+
 def plain(value: Any) -> Any:
     """``value`` as plain JSON data: numpy scalars/arrays, tuples, sets (sorted), dataclasses and pydantic models
     converted; non-finite floats become ``None``."""
+    # Exact-type fast paths first: the result holds thousands of ids, numbers and small dicts.
+    cls = type(value)
+    if cls in _SCALARS:
+        return value
+    if cls is float:
+        return value if math.isfinite(value) else None
+    if cls is dict:
+        return {k if type(k) is str else str(k): v if type(v) in _SCALARS else plain(v) for k, v in value.items()}
+    if cls is list or cls is tuple:
+        return [v if type(v) in _SCALARS else plain(v) for v in value]
     if isinstance(value, BaseModel):
         return plain(value.model_dump(mode="json"))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

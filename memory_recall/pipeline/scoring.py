@@ -763,7 +763,7 @@ class ScoringStage:
             vector,
             lexical,
             snap.importance[idx],
-            snap.created_time[idx],
+            snap.created_time[idx] if self.settings.time_decay else np.full(m, np.nan),  # NaN → decay 1.0
             float(state.query.now_ms),
             graph_weight=self.settings.graph_weight,
             vector_weight=self.settings.vector_weight,

@@ -16,6 +16,7 @@ Contract:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -61,6 +62,7 @@ TYPE_CODE: dict[str, int] = {t: i for i, t in enumerate(NODE_TYPES)}
 _TENSES = ("unknown", "past", "ongoing", "future", "flashback", "hypothetical")
 TENSE_CODE: dict[str, int] = {t: i for i, t in enumerate(_TENSES)}
 _SEP = "\x1f"
+_NORM_BLOCK = 8192
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -113,15 +115,25 @@ class NodeIndex:
 
     @classmethod
     def from_json(cls, text: str) -> NodeIndex:
-        v = json.loads(text)
+        return cls._from_values(json.loads(text))
+
+    @classmethod
+    def many_from_json(cls, texts: Sequence[str]) -> list[NodeIndex]:
+        """:meth:`from_json` of many rows with one JSON parse (the snapshot read of a large chat)."""
+        if not texts:
+            return []
+        values = json.loads("[" + ",".join(texts) + "]")
+        return [cls._from_values(v) for v in values]
+
+    @classmethod
+    def _from_values(cls, v: list[Any]) -> NodeIndex:
+        regions, anchors, vis = v[12], v[13], v[16]
         return cls(
-            type=v[0], archived=bool(v[1]), seq=v[2], seq_start=v[3], seq_end=v[4], importance=v[5],
-            created_time=v[6], layer=v[7], owner_type=v[8], owner_key=v[9], owner_name=v[10],
-            region_primary=v[11], region_tokens=tuple(t for t in v[12].split(_SEP) if t),
-            anchor_terms=tuple(t for t in v[13].split(_SEP) if t), prev_id=v[14], next_id=v[15],
-            visibility=None if v[16] is None else tuple(t for t in v[16].split(_SEP)),
-            segment_id=v[17], has_story_label=bool(v[18]), tense=v[19], span_start_segment=v[20],
-            span_end_segment=v[21], has_span_label=bool(v[22]),
+            v[0], bool(v[1]), v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
+            tuple(t for t in regions.split(_SEP) if t) if regions else (),
+            tuple(t for t in anchors.split(_SEP) if t) if anchors else (),
+            v[14], v[15], None if vis is None else tuple(vis.split(_SEP)),
+            v[17], bool(v[18]), v[19], v[20], v[21], bool(v[22]),
         )
 
 
@@ -449,41 +461,47 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     if dim:
         pos = np.fromiter((index.get(nid, -1) for nid in source.embedding_ids), dtype=np.int64)
         keep = pos >= 0
-        mat = np.asarray(source.embeddings, dtype=np.float32)[keep]
-        norms = np.linalg.norm(mat, axis=1)
+        mat = np.asarray(source.embeddings, dtype=np.float32)
+        # Copy into place, then normalise block by block in place: no full-size temporaries beside the matrix
+        # (peak memory of a large chat); per-row arithmetic is the same as one whole-matrix normalisation.
+        target = pos[keep]
+        if keep.all():
+            emb[target] = mat
+        else:
+            emb[target] = mat[keep]
+        norms = np.empty(target.size, dtype=np.float32)
+        for lo in range(0, target.size, _NORM_BLOCK):
+            block = target[lo:lo + _NORM_BLOCK]
+            norms[lo:lo + _NORM_BLOCK] = np.linalg.norm(emb[block], axis=1)
         ok = norms > 0
-        emb[pos[keep][ok]] = mat[ok] / norms[ok, None]
-        has_vec[pos[keep][ok]] = True
+        emb[target[~ok]] = 0.0
+        good = target[ok]
+        good_norms = norms[ok]
+        for lo in range(0, good.size, _NORM_BLOCK):
+            block = good[lo:lo + _NORM_BLOCK]
+            emb[block] = emb[block] / good_norms[lo:lo + _NORM_BLOCK, None]
+        has_vec[good] = True
 
-    # Active edges between non-archived nodes, in edge-list order (reference §1.3).
-    src_l: list[int] = []
-    dst_l: list[int] = []
-    strength_l: list[float] = []
-    inhibit_l: list[bool] = []
-    relation_l: list[str] = []
-    edge_ids_l: list[str] = []
-    valid_until = math.inf
-    for e in source.edges:
-        for t in (e.invalid_at, e.expired_at):
-            if t is not None and t > now_ms:
-                valid_until = min(valid_until, float(t))
-        if (e.invalid_at is not None and e.invalid_at <= now_ms) or (
-            e.expired_at is not None and e.expired_at <= now_ms
-        ):
-            continue
-        a, b = index.get(e.from_id), index.get(e.to_id)
-        if a is None or b is None or a == b or archived[a] or archived[b]:
-            continue
-        src_l.append(a)
-        dst_l.append(b)
-        strength_l.append(e.strength)
-        inhibit_l.append(e.edge_type == INHIBIT_EDGE_TYPE)
-        relation_l.append(e.relation)
-        edge_ids_l.append(e.edge_id)
-    src = np.array(src_l, dtype=np.int64)
-    dst = np.array(dst_l, dtype=np.int64)
-    strength = np.array(strength_l, dtype=np.float64)
-    inhibit_mask = np.array(inhibit_l, dtype=bool)
+    # Active edges between non-archived nodes, in edge-list order (reference §1.3). Column passes instead of one
+    # branchy loop: a large chat has several edges per node.
+    edges = source.edges
+    m = len(edges)
+    nan = math.nan
+    invalid_at = np.fromiter((nan if e.invalid_at is None else e.invalid_at for e in edges), np.float64, m)
+    expired_at = np.fromiter((nan if e.expired_at is None else e.expired_at for e in edges), np.float64, m)
+    future = np.concatenate([invalid_at[invalid_at > now_ms], expired_at[expired_at > now_ms]])
+    valid_until = float(future.min()) if future.size else math.inf
+    a_all = np.fromiter((index.get(e.from_id, -1) for e in edges), np.int64, m)
+    b_all = np.fromiter((index.get(e.to_id, -1) for e in edges), np.int64, m)
+    keep = ~(invalid_at <= now_ms) & ~(expired_at <= now_ms) & (a_all >= 0) & (b_all >= 0) & (a_all != b_all)
+    keep[keep] = ~archived[a_all[keep]] & ~archived[b_all[keep]]
+    kept = np.flatnonzero(keep).tolist()
+    src = a_all[keep]
+    dst = b_all[keep]
+    strength = np.fromiter((edges[k].strength for k in kept), np.float64, len(kept))
+    inhibit_mask = np.fromiter((edges[k].edge_type == INHIBIT_EDGE_TYPE for k in kept), bool, len(kept))
+    relation_l = [edges[k].relation for k in kept]
+    edge_ids_l = [edges[k].edge_id for k in kept]
 
     def sym(mask: np.ndarray) -> sp.csr_matrix:
         r = np.concatenate([src[mask], dst[mask]])
@@ -627,6 +645,59 @@ class SnapshotCache:
         with self._lock:
             self._items[key] = snap
         return snap
+
+    def apply_reinforcement(
+        self,
+        chat_id: str,
+        model_id: str,
+        node_ids: Sequence[str],
+        importance_step: float,
+        new_version: int,
+        *,
+        base_version: int,
+        now_ms: int,
+    ) -> bool:
+        """Carry the cached snapshot over a write that only access-reinforced ``node_ids`` (and wrote records).
+
+        The controller's recall transaction bumps the chat version; rebuilding the whole snapshot for that would
+        cost a full rebuild per recall. When the cached snapshot was built at exactly ``base_version`` (the
+        version before the write), a copy with the reinforced ``importance`` (``min(10, importance + step)``),
+        the nodes' JSON updated as :meth:`StoreWriter.reinforce` writes it (``access_count + 1``,
+        ``last_access_time = now_ms``), their parsed-node cache entries dropped and ``version = new_version``
+        replaces it; it equals a rebuild at ``new_version``. Otherwise nothing changes (the next ``get``
+        rebuilds). Returns whether the cached snapshot was carried over.
+        """
+        key = (chat_id, model_id)
+        with self._lock:
+            snap = self._items.get(key)
+            if snap is None or snap.version != base_version:
+                return False
+            idx = sorted({snap.index[i] for i in node_ids if i in snap.index})
+            importance = snap.importance.copy()
+            node_json = list(snap._node_json)
+            for i in idx:
+                node = Node.model_validate_json(node_json[i])
+                node = node.model_copy(
+                    update={
+                        "access_count": node.access_count + 1,
+                        "importance": min(10.0, node.importance + importance_step),
+                        "last_access_time": now_ms,
+                    }
+                )
+                node_json[i] = node.model_dump_json()
+                importance[i] = float(node.importance)
+            stale = set(idx)
+            with snap._lock:
+                parsed = {i: n for i, n in snap._nodes.items() if i not in stale}
+            self._items[key] = dataclasses.replace(
+                snap,
+                version=new_version,
+                importance=importance,
+                _node_json=tuple(node_json),
+                _nodes=parsed,
+                _lock=threading.Lock(),
+            )
+            return True
 
     def invalidate(self, chat_id: str | None = None) -> None:
         with self._lock:

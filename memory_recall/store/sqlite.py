@@ -58,7 +58,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from memory_recall.errors import InputError, StoreError
+from memory_recall.errors import InputError, NotFound, StoreError
 from memory_recall.model.graph import (
     PRIMARY_LEXICAL_FIELDS,
     SECONDARY_LEXICAL_FIELDS,
@@ -707,7 +707,7 @@ class StoreReader:
             "SELECT node_id, idx, json FROM nodes WHERE chat_id = ? ORDER BY ord, rid", (chat_id,)
         ).fetchall()
         node_ids = [r[0] for r in rows]
-        index_rows = [NodeIndex.from_json(r[1]) for r in rows]
+        index_rows = NodeIndex.many_from_json([r[1] for r in rows])
         edge_rows = [
             EdgeRow(*r)
             for r in self._conn.execute(
@@ -1729,6 +1729,30 @@ class Store:
         """See :meth:`StoreWriter.delete_records_from`."""
         with self.write(chat_id) as w:
             return w.delete_records_from(user_floor)
+
+    def set_record_unversioned(self, chat_id: str, user_floor: int, record: PersistedRecall | None) -> bool:
+        """Write (``record``) or delete (``None``) the record of one user floor **without** a version bump.
+
+        Records are not graph content: a replay counter, a manual edit of the injection text or a record
+        deletion must not make the chat's snapshot or its other records look stale (recall-spec departure 7;
+        the version contract of this module holds for every other write). One transaction; the chat must exist.
+        Returns ``True`` when a record was written or deleted.
+        """
+        chat_id = validate_chat_id(chat_id)
+        floor = _int_arg(user_floor, "user_floor", 0, sys.maxsize)
+        with self._transaction(f"write a record of chat {chat_id!r}") as conn:
+            if conn.execute("SELECT 1 FROM chats WHERE chat_id = ?", (chat_id,)).fetchone() is None:
+                raise NotFound("chat_id", f"no chat {chat_id!r} in this store")
+            writer = StoreWriter(conn, chat_id, self._clock())
+            try:
+                if record is None:
+                    return writer.delete_record(floor)
+                if record.user_floor != floor:
+                    raise InputError("record.user_floor", f"is {record.user_floor}, but the floor is {floor}")
+                writer.put_record(record)
+                return True
+            finally:
+                writer._open = False
 
     def reinforce(self, chat_id: str, node_ids: Iterable[str], now_ms: int) -> int:
         """See :meth:`StoreWriter.reinforce`."""
