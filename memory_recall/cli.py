@@ -206,39 +206,47 @@ def cmd_providers_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recent_messages(lines: Sequence[str], text: str) -> list[Any]:
+    """``[user]: …`` / ``[assistant]: …`` context lines plus the input as the newest user message."""
+    from memory_recall.model.chat import ChatMessage
+
+    out = []
+    for floor, line in enumerate(lines):
+        role, _, body = line.partition(":")
+        role = role.strip().strip("[]").lower()
+        if role not in ("user", "assistant") or not body.strip():
+            raise InputError(f"--recent[{floor}]", "expected '[user]: text' or '[assistant]: text'")
+        out.append(ChatMessage(floor=floor, role=role, text=body.strip()))
+    out.append(ChatMessage(floor=len(lines), role="user", text=text))
+    return out
+
+
 def _run_recall(args: argparse.Namespace) -> Any:
-    """Recall ``args.input`` against ``args.chat`` with the configured providers; returns the RecallResult."""
-    from memory_recall.pipeline.retrieve import retrieve
-    from memory_recall.pipeline.state import Providers, RecallQuery
+    """Recall ``args.input`` for ``args.chat`` through the controller (nothing is persisted: no target floor).
+
+    Returns the controller's RecallResponse."""
+    from memory_recall.controller import RecallController, RecallRequest
     from memory_recall.providers.embedding import make_embedder
     from memory_recall.providers.llm import make_llm
-    from memory_recall.store.snapshot import build_snapshot
 
     settings = _settings(args)
+    if not args.input.strip():
+        raise InputError("--input", "must not be empty")
     store = _open_store(args)
     try:
         if store.chat_version(args.chat) == 0:
             raise InputError("--chat", f"no chat {args.chat!r} in this store")
-        if not args.input.strip():
-            raise InputError("--input", "must not be empty")
-        embedder = make_embedder(settings.embedding)
-        now = _now_ms()
-        snapshot = build_snapshot(store.snapshot_source(args.chat, embedder.model_id if embedder else ""), now_ms=now)
-        providers = Providers(
-            embedder=embedder,
-            llm=make_llm(settings.llm),
-            lexical_index=lambda terms, limit: store.bm25(args.chat, terms, limit),
-            strict=settings.embedding.strict,
+        controller = RecallController(
+            store, settings, embedder=make_embedder(settings.embedding), llm=make_llm(settings.llm)
         )
-        query = RecallQuery(
-            user_message=args.input,
-            recent_lines=tuple(args.recent or ()),
-            now_ms=now,
+        request = RecallRequest(
             chat_id=args.chat,
+            messages=_recent_messages(args.recent or (), args.input),
+            query_text=args.input,
             active_region=args.region or "",
-            active_owner_keys=tuple(args.owner) if args.owner else None,
+            active_owner_keys=list(args.owner) if args.owner else None,
         )
-        return retrieve(snapshot, query, settings, providers)
+        return controller.run_recall(request)
     finally:
         store.close()
 
@@ -248,40 +256,29 @@ def _fmt(value: float) -> str:
 
 
 def cmd_recall(args: argparse.Namespace) -> int:
-    from memory_recall.pipeline.result import json_dumps
-
-    result = _run_recall(args)
+    response = _run_recall(args)
     if args.json:
-        print(json_dumps(result))
+        print(response.model_dump_json(indent=2))
         return 0
-    status = result.retrieval_status
-    if result.failure_category:
-        status += f" ({result.failure_category})"
-    print(f"chat {result.chat_id} v{result.graph_version}: {len(result.selected)} memories, retrieval {status}")
+    status = response.retrieval_status + (f" ({response.failure_category})" if response.failure_category else "")
+    print(
+        f"chat {response.chat_id} v{response.graph_version}: {response.status} ({response.reason}), "
+        f"{len(response.selected)} memories, retrieval {status}"
+    )
     print(f"{'#':>3}  {'score':>7}  {'type':<11} {'node':<28} label")
-    for mem in result.selected:
-        label = mem.label.replace("\n", " ")
-        print(f"{mem.rank:>3}  {_fmt(mem.score):>7}  {mem.type:<11} {mem.node_id:<28} {label[:80]}")
-    injection = _render(result, args)
-    if injection is not None:
+    for mem in response.selected:
+        label = str(mem["label"]).replace("\n", " ")
+        print(f"{mem['rank']:>3}  {_fmt(mem['score']):>7}  {mem['type']:<11} {mem['node_id']:<28} {label[:80]}")
+    if response.injection_text:
         print()
-        print(injection.text)
+        print(response.injection_text)
     return 0
 
 
-def _render(result: Any, args: argparse.Namespace) -> Any:
-    """The injection block, when the injector is installed."""
-    try:
-        from injector import render
-    except ImportError:
-        return None
-    return render(result, _settings(args).injector)
-
-
 def cmd_explain(args: argparse.Namespace) -> int:
-    result = _run_recall(args)
+    response = _run_recall(args)
     print(f"{'stage':<18} {'ms':>8} {'in':>6} {'out':>6}  {'score':<22} skip / notes")
-    for trace in result.traces:
+    for trace in response.traces:
         kind = f"{trace['score_kind']} ({trace['score_direction'].replace('_is_better', '')})"
         extra = trace["skip_reason"] if trace["skipped"] else ""
         print(
@@ -289,17 +286,34 @@ def cmd_explain(args: argparse.Namespace) -> int:
             f"{kind:<22} {extra}"
         )
     print()
-    for mem in result.selected:
-        expl = mem.explanation
-        print(f"#{mem.rank} {mem.node_id} ({mem.type}, {mem.origin}): score {_fmt(expl.score)} [{expl.score_kind}]")
-        for part in expl.parts:
+    for mem in response.selected:
+        expl = mem["explanation"]
+        print(
+            f"#{mem['rank']} {mem['node_id']} ({mem['type']}, {mem['origin']}): "
+            f"score {_fmt(expl['score'])} [{expl['score_kind']}]"
+        )
+        for part in expl["parts"]:
             print(
-                f"    {part.name:<12} value {_fmt(part.value):>8} × weight {_fmt(part.weight):>8} "
-                f"= {_fmt(part.contribution)}"
+                f"    {part['name']:<12} value {_fmt(part['value']):>8} × weight {_fmt(part['weight']):>8} "
+                f"= {_fmt(part['contribution'])}"
             )
-        if expl.multipliers:
-            mult = ", ".join(f"{k} {_fmt(v)}" for k, v in expl.multipliers.items())
+        if expl["multipliers"]:
+            mult = ", ".join(f"{k} {_fmt(v)}" for k, v in expl["multipliers"].items())
             print(f"    multipliers: {mult}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from memory_recall.service import serve
+
+    settings = _settings(args)
+    serve(
+        args.host or settings.service.host,
+        args.port or settings.service.port,
+        args.data_dir,
+        args.token or settings.service.token or None,
+        settings,
+    )
     return 0
 
 
@@ -347,6 +361,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = add("stats", cmd_stats, "list chats, or show one chat's counts")
     p.add_argument("--chat")
+
+    p = add("serve", cmd_serve, "run the HTTP service for chat hosts (OpenAPI docs at /docs)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1; other addresses need a token)")
+    p.add_argument("--port", type=int, help="port (default 8765)")
+    p.add_argument("--token", help="bearer token clients must send (default $MEMORY_RECALL_SERVICE__TOKEN)")
 
     for name, fn, help_ in (
         ("recall", cmd_recall, "recall memories for an input text and print them (and the injection block)"),

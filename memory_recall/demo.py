@@ -41,7 +41,7 @@ def load_demo_chat() -> tuple[str, list[ChatMessage]]:
 
 def run_demo(args: argparse.Namespace) -> int:
     """Ingest (and embed) the demo chat into the store, then report; returns the exit status."""
-    from memory_recall.cli import _embed, _open_store, _render, _run_recall
+    from memory_recall.cli import _embed, _open_store, _run_recall
     from memory_recall.ingest.messages import ingest_messages
 
     title, messages = load_demo_chat()
@@ -76,16 +76,15 @@ def run_demo(args: argparse.Namespace) -> int:
     recall_args.recent = [f"[{m.role}]: {m.text}" for m in earlier]
     recall_args.region = None
     recall_args.owner = None
-    result = _run_recall(recall_args)
-    status = result.retrieval_status + (f" ({result.failure_category})" if result.failure_category else "")
-    print(f"{len(result.selected)} memories selected, retrieval {status}\n")
+    response = _run_recall(recall_args)
+    status = response.retrieval_status + (f" ({response.failure_category})" if response.failure_category else "")
+    print(f"{len(response.selected)} memories selected, retrieval {status}\n")
     print(f"{'#':>3} {'score':>7}  {'memory':<14} why (largest parts of the score)")
-    for mem in result.selected:
-        parts = sorted(mem.explanation.parts, key=lambda p: -p.contribution)[:2]
-        why = ", ".join(f"{p.name} {p.contribution:.3f}" for p in parts if p.contribution > 0) or mem.origin
-        text = mem.label.replace("\n", " ")
-        print(f"{mem.rank:>3} {mem.score:>7.4f}  {mem.node_id:<14} {why}  | {text[:70]}")
-    injection = _render(result, recall_args)
-    if injection is not None:
-        print("\ninjection block:\n" + injection.text)
+    for mem in response.selected:
+        parts = sorted(mem["explanation"]["parts"], key=lambda p: -p["contribution"])[:2]
+        why = ", ".join(f"{p['name']} {p['contribution']:.3f}" for p in parts if p["contribution"] > 0)
+        text = str(mem["label"]).replace("\n", " ")
+        print(f"{mem['rank']:>3} {mem['score']:>7.4f}  {mem['node_id']:<14} {why or mem['origin']}  | {text[:70]}")
+    if response.injection_text:
+        print("\ninjection block:\n" + response.injection_text)
     return 0

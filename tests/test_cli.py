@@ -121,3 +121,40 @@ def test_demo_console_script(tmp_path: Path) -> None:
     selected = [line.split()[2] for line in lines if line[:3].strip().isdigit() and " | " in line]
     # Memories of the chat before the recalled turn only, at most max_recall_nodes (12) of them.
     assert 0 < len(selected) <= 12 and "msg:28" not in selected and "msg:29" not in selected
+
+
+class TestRecallCommands:
+    def test_recall_and_explain(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        graph_file = FIXTURES / "en-thornwick-manor" / "graph.json"
+        run(capsys, "import", str(graph_file), "--chat", "t", "--data-dir", str(tmp_path), "--no-embed")
+        code, out, _ = run(
+            capsys, "recall", "--chat", "t", "--input", "What do we know about Tobias Reed?",
+            "--owner", "character:erin", "--data-dir", str(tmp_path), "--json",
+        )
+        assert code == 0
+        response = json.loads(out)
+        assert response["status"] == "completed" and response["source"] == "fresh"
+        # No embedding model for this chat's vectors: the recall degrades to lexical and says so.
+        assert response["semantic_search_used"] is False
+        ids = response["selected_node_ids"]
+        assert "char-tobias" in ids and "ev-marcus-confession" not in ids  # a secret Erin must not know
+        assert response["injection_text"].startswith("[")
+        assert response["record_persisted"] is False  # no target floor: nothing is persisted
+        code, out, _ = run(
+            capsys, "explain", "--chat", "t", "--input", "What do we know about Tobias Reed?",
+            "--owner", "character:erin", "--data-dir", str(tmp_path),
+        )
+        lines = out.splitlines()
+        assert code == 0 and lines[0].split()[:4] == ["stage", "ms", "in", "out"]
+        stages = [line.split()[0] for line in lines[1:] if line and not line.startswith(("#", " "))]
+        assert stages[:3] == ["context", "visibility", "query_plan"]
+        first = next(line for line in lines if line.startswith("#1 "))
+        assert first.startswith(f"#1 {ids[0]} ")
+
+    def test_serve_refuses_public_bind_without_token(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.delenv("MEMORY_RECALL_SERVICE__TOKEN", raising=False)
+        code, out, err = run(capsys, "serve", "--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path))
+        assert code == 2 and out == ""
+        assert err.startswith("error: ") and "MEMORY_RECALL_SERVICE__TOKEN" in err and err.count("\n") == 1

@@ -1,0 +1,673 @@
+"""The HTTP service: FastAPI routes over the controller, the ingest rules and the store.
+
+Usage::
+
+    app = create_app(load_settings(), store=Store.open(data_dir))      # an ASGI app (tests, embedding)
+    serve("127.0.0.1", 8765, data_dir=None, token=None, settings=load_settings())   # blocks until stopped
+
+Routes (``/v1``; OpenAPI at ``/openapi.json``, docs at ``/docs``)
+------------------------------------------------------------------
+===========================================================  ==========================================
+``POST   /v1/recall``                                        the recall hook (compute, or replay on
+                                                             regenerate/swipe/continue)
+``GET    /v1/chats/{chat_id}/records/{floor}``               a record with ``stale``
+``PUT    /v1/chats/{chat_id}/records/{floor}``               edit its injection text (manual edit)
+``DELETE /v1/chats/{chat_id}/records/{floor}``               drop it
+``POST   /v1/chats/{chat_id}/records/{floor}/rerecall``      forced fresh recall of that floor
+``POST   /v1/chats/{chat_id}/events``                        message_added/edited/swiped/deleted
+``POST   /v1/chats/{chat_id}/nodes``, ``.../edges``          batch upsert
+``DELETE /v1/chats/{chat_id}/nodes``, ``.../edges``          batch delete (``{"ids": [...]}``)
+``POST   /v1/chats/{chat_id}/import``                        replace the graph with an ST-BME export
+``GET    /v1/chats/{chat_id}/export``                        the graph as an ST-BME export
+``GET    /v1/chats``, ``GET /v1/chats/{chat_id}/stats``      chat list, counts
+``DELETE /v1/chats/{chat_id}``                               delete a chat
+``GET    /v1/health`` (no token), ``GET /v1/version``        liveness, versions and embedding model
+===========================================================  ==========================================
+
+Contract
+--------
+* **Status codes.** Validation of a body, path or query value → 422 with FastAPI's ``detail`` list
+  (``loc``/``msg``/``type``) plus a top-level ``error`` naming the first field; :class:`InputError` and
+  per-request :class:`ConfigError` (bad ``options``) → 422 the same way; :class:`NotFound` and an unknown chat
+  → 404; missing/wrong token → 401; body over ``service.max_body_bytes`` → 413; :class:`StoreError`,
+  :class:`EmbeddingUnavailable`, :class:`LLMUnavailable` → 503 (the server or a provider is unwell, the
+  request may be retried). A strict-mode provider failure is *not* an HTTP error: the controller completes the
+  recall with ``status="aborted"``, ``reason="strict-mode-violation"`` and the failure category, so the host
+  sees why and injects nothing. Anything else is a bug → 500 ``{"error": "internal error"}`` (logged).
+* **Concurrency.** Every store, ingest, embedding and recall call runs in a worker thread
+  (``anyio.to_thread.run_sync``), never on the event loop. Recalls run concurrently; writes to one chat
+  (events, node/edge batches, import, record edits, chat deletion) are serialised by a per-chat
+  ``asyncio.Lock`` (the store's own lock serialises the SQLite writer across chats).
+* **Embedding after writes** is inline: a write that adds or changes nodes embeds the chat's missing vectors
+  (``embed_missing``, which only embeds what is new or changed) before the response, still under the chat's
+  lock, so the next recall sees every vector. An embedding failure does not fail the write: the response says
+  ``embedding.status="failed"`` with the category and the next write (or recall's lexical fallback) catches up.
+* **Shutdown.** The lifespan handler waits (``service.shutdown_timeout_s``) for in-flight writes, then closes
+  the store if the app opened it (a store passed to :func:`create_app` belongs to the caller).
+* **Logs** never contain query or message text unless the ``memory_recall.service`` logger is at DEBUG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _pkg_version
+from typing import Annotated, Any, TypeVar
+
+import anyio.to_thread
+from fastapi import Body, FastAPI, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from memory_recall.controller import ChatEventReport, RecallController, RecallRequest, RecallResponse, RecordStatus
+from memory_recall.errors import (
+    ConfigError,
+    EmbeddingUnavailable,
+    InputError,
+    LLMUnavailable,
+    MemoryRecallError,
+    NotFound,
+    StoreError,
+)
+from memory_recall.ingest import export_stbme, import_stbme_report, ingest_messages
+from memory_recall.providers import Embedder, embed_missing
+from memory_recall.service.auth import BodyLimit, TokenAuth, check_bind
+from memory_recall.service.schemas import (
+    ChatEvent,
+    ChatList,
+    ChatSummary,
+    DeleteResult,
+    EdgeBatch,
+    EmbeddingOutcome,
+    ErrorBody,
+    EventResult,
+    HealthBody,
+    IdBatch,
+    ImportResult,
+    MessageAdded,
+    MessageDeleted,
+    MessageEdited,
+    MessageSwiped,
+    NodeBatch,
+    RecordEdit,
+    RerecallBody,
+    VersionBody,
+    WriteResult,
+)
+from memory_recall.settings import RecallSettings
+from memory_recall.store import Store, validate_chat_id
+from memory_recall.store.snapshot import SnapshotCache
+
+__all__ = ["API_VERSION", "create_app", "serve"]
+
+API_VERSION = "v1"
+try:
+    __version__ = _pkg_version("memory-recall")
+except PackageNotFoundError:  # running from a source tree without an install
+    __version__ = "0+unknown"
+log = logging.getLogger("memory_recall.service")
+T = TypeVar("T")
+
+ChatId = Annotated[str, Path(min_length=1, max_length=128, description="Chat id (validate_chat_id rules)")]
+Floor = Annotated[int, Path(ge=0, le=10_000_000, description="User floor of the record")]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Missing or wrong bearer token"},
+    404: {"model": ErrorBody, "description": "Unknown chat, record or message"},
+    413: {"model": ErrorBody, "description": "Body over service.max_body_bytes"},
+    422: {"model": ErrorBody, "description": "Validation error; `error` names the first field"},
+    503: {"model": ErrorBody, "description": "Store or provider unavailable"},
+}
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Error mapping (the one place the error tree becomes status codes)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _field_loc(field: str, root: str) -> list[str | int]:
+    """``"nodes[3].importance"`` → ``[root, "nodes", 3, "importance"]``."""
+    loc: list[str | int] = [root]
+    for part in field.replace("[", ".").replace("]", "").split("."):
+        if part:
+            loc.append(int(part) if part.isdigit() else part)
+    return loc
+
+
+def _loc_text(loc: Sequence[Any]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def _validation_response(detail: list[dict[str, Any]]) -> JSONResponse:
+    first = detail[0] if detail else {"loc": [], "msg": "invalid request"}
+    return JSONResponse(status_code=422, content={"error": f"{_loc_text(first['loc'])}: {first['msg']}",
+                                                  "detail": detail})
+
+
+class _PathError(Exception):
+    """A path parameter failed a rule pydantic cannot express (chat id rules)."""
+
+    def __init__(self, name: str, exc: InputError) -> None:
+        super().__init__(exc.reason)
+        self.name = name
+        self.reason = exc.reason
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "invalid value")), "type": str(e.get("type", ""))}
+            for e in exc.errors()
+        ]
+        return _validation_response(detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown route (404), wrong method (405), unparseable body (400): same shape as every other error.
+        return JSONResponse(
+            status_code=exc.status_code, content={"error": str(exc.detail), "detail": exc.detail}, headers=exc.headers
+        )
+
+    @app.exception_handler(_PathError)
+    async def _bad_path(request: Request, exc: _PathError) -> JSONResponse:
+        return _validation_response([{"loc": ["path", exc.name], "msg": exc.reason, "type": "value_error"}])
+
+    @app.exception_handler(NotFound)
+    async def _not_found(request: Request, exc: NotFound) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"error": str(exc), "detail": None})
+
+    @app.exception_handler(InputError)
+    async def _input(request: Request, exc: InputError) -> JSONResponse:
+        return _validation_response([{"loc": _field_loc(exc.field, "body"), "msg": exc.reason, "type": "value_error"}])
+
+    @app.exception_handler(ConfigError)
+    async def _config(request: Request, exc: ConfigError) -> JSONResponse:
+        # At request time a ConfigError can only come from the request (per-request ``options``).
+        loc = _field_loc(exc.field or "options", "body")
+        return _validation_response([{"loc": loc, "msg": exc.reason, "type": "value_error"}])
+
+    @app.exception_handler(StoreError)
+    @app.exception_handler(EmbeddingUnavailable)
+    @app.exception_handler(LLMUnavailable)
+    async def _unavailable(request: Request, exc: MemoryRecallError) -> JSONResponse:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse(status_code=503, content={"error": str(exc), "detail": type(exc).__name__})
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse(status_code=500, content={"error": "internal error", "detail": type(exc).__name__})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Service state
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Service:
+    """What the routes share: store, providers, controller, per-chat write locks, in-flight write count."""
+
+    def __init__(
+        self, settings: RecallSettings, store: Store | None, embedder: Embedder | None, llm: Any, owns_store: bool
+    ) -> None:
+        self.settings = settings
+        self._store = store
+        self.embedder = embedder
+        self.llm = llm
+        self.owns_store = owns_store
+        self.snapshots = SnapshotCache()
+        self._controller: Any = None
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._lock_users: dict[str, int] = {}
+        self._inflight = 0
+        self._idle: asyncio.Event | None = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise StoreError("the store is not open")
+        return self._store
+
+    @property
+    def controller(self) -> Any:
+        if self._controller is None:
+            self._controller = RecallController(
+                self.store, self.settings, embedder=self.embedder, llm=self.llm, snapshot_cache=self.snapshots
+            )
+        return self._controller
+
+    def open(self) -> None:
+        if self._store is None:
+            self._store = Store.open(
+                self.settings.store.data_dir or None, busy_timeout=self.settings.store.busy_timeout_ms / 1000
+            )
+            self.owns_store = True
+
+    async def close(self, timeout_s: float) -> None:
+        if self._inflight and self._idle is not None:
+            log.info("waiting for %d in-flight write(s)", self._inflight)
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+            except TimeoutError:
+                log.warning("shutdown: %d write(s) still running after %.0f s", self._inflight, timeout_s)
+        if self.owns_store and self._store is not None:
+            await anyio.to_thread.run_sync(self._store.close)
+            self._store = None
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread."""
+        return await anyio.to_thread.run_sync(lambda: fn(*args))
+
+    async def write(self, chat_id: str, fn: Callable[[], T], *, embed: bool = True) -> tuple[T, EmbeddingOutcome]:
+        """Run the write ``fn`` under the chat's lock, then embed what it added (see the module docstring)."""
+        lock = self._locks.setdefault(chat_id, asyncio.Lock())
+        self._lock_users[chat_id] = self._lock_users.get(chat_id, 0) + 1
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            async with lock:
+                result = await anyio.to_thread.run_sync(fn)
+                outcome = await self.embed(chat_id) if embed else self.no_embedding()
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+            # Drop the lock of a chat nobody is writing to, so arbitrary chat ids cannot grow the table.
+            self._lock_users[chat_id] -= 1
+            if not self._lock_users[chat_id]:
+                del self._lock_users[chat_id], self._locks[chat_id]
+        return result, outcome
+
+    def no_embedding(self) -> EmbeddingOutcome:
+        return EmbeddingOutcome(status="disabled", model_id=self.embedder.model_id if self.embedder else "")
+
+    async def embed(self, chat_id: str) -> EmbeddingOutcome:
+        embedder = self.embedder
+        if embedder is None:
+            return self.no_embedding()
+        batch = self.settings.embedding.batch_size
+        try:
+            report = await anyio.to_thread.run_sync(
+                lambda: embed_missing(self.store, chat_id, embedder, batch_size=batch)
+            )
+        except EmbeddingUnavailable as exc:
+            log.warning("embedding after a write to chat %r failed: %s", chat_id, exc.category)
+            return EmbeddingOutcome(status="failed", model_id=embedder.model_id, failure_category=exc.category)
+        return EmbeddingOutcome(status="ok", model_id=report.model_id, embedded=report.total)
+
+
+def _svc(request: Request) -> _Service:
+    svc: _Service = request.app.state.service
+    return svc
+
+
+def _chat_id(chat_id: str) -> str:
+    try:
+        return validate_chat_id(chat_id)
+    except InputError as exc:
+        raise _PathError("chat_id", exc) from None
+
+
+async def _require_chat(svc: _Service, chat_id: str) -> None:
+    if await svc.run(svc.store.chat_version, chat_id) == 0:
+        raise NotFound("chat_id", f"unknown chat {chat_id!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# App factory
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def create_app(
+    settings: RecallSettings,
+    *,
+    store: Store | None = None,
+    embedder: Embedder | None = None,
+    llm: Any = None,
+) -> FastAPI:
+    """The service as an ASGI app. Without ``store`` the app opens ``settings.store`` at startup and closes it
+    at shutdown; ``embedder``/``llm`` ``None`` mean lexical-only recall and no rerank. Raises
+    :class:`ConfigError` for a non-loopback ``settings.service.host`` without a token.
+    """
+    svc_settings = settings.service
+    check_bind(svc_settings.host, svc_settings.token)
+    service = _Service(settings, store, embedder, llm, owns_store=False)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(service.open)
+        try:
+            yield
+        finally:
+            await service.close(svc_settings.shutdown_timeout_s)
+
+    app = FastAPI(
+        title="memory-recall",
+        version=__version__,
+        description="Memory recall for roleplay chats: the recall hook, chat events, records and the memory graph.",
+        lifespan=lifespan,
+        responses=_ERRORS,
+    )
+    app.state.service = service
+    _install_error_handlers(app)
+    _add_routes(app)
+    # Outermost last: CORS answers preflights and decorates 401/413, then auth, then the body limit.
+    app.add_middleware(BodyLimit, max_bytes=svc_settings.max_body_bytes)
+    app.add_middleware(TokenAuth, token=svc_settings.token)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(svc_settings.cors_origins),
+        allow_methods=["GET", "POST", "PUT", "DELETE"],
+        allow_headers=["Authorization", "Content-Type"],
+        max_age=600,
+    )
+    return app
+
+
+def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes reads best
+    v1 = f"/{API_VERSION}"
+
+    # -- recall hook ---------------------------------------------------------------------------------------------
+
+    @app.post(f"{v1}/recall", response_model=RecallResponse, tags=["recall"])
+    async def recall(request: Request, body: RecallRequest) -> RecallResponse:
+        """The recall hook. Call it at both host hook points: a ``normal`` generation computes (or reuses) the
+        recall for ``target_user_floor``; ``regenerate``/``swipe``/``continue`` replay the record persisted for
+        that floor byte for byte. Inject ``injection_text`` when ``status == "completed"``."""
+        svc = _svc(request)
+        start = time.perf_counter()
+        response: RecallResponse = await svc.run(svc.controller.run_recall, body)
+        log.info(
+            "recall chat=%r type=%s floor=%s -> %s/%s source=%s %.1f ms",
+            body.chat_id, body.generation_type.value, body.target_user_floor, response.status, response.reason,
+            response.source, (time.perf_counter() - start) * 1000,
+        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("recall chat=%r input=%r", body.chat_id, response.recall_input)
+        return response
+
+    # -- records -------------------------------------------------------------------------------------------------
+
+    @app.get(f"{v1}/chats/{{chat_id}}/records/{{floor}}", response_model=RecordStatus, tags=["records"])
+    async def get_record(request: Request, chat_id: ChatId, floor: Floor) -> RecordStatus:
+        """The recall record persisted for one user floor, with ``stale`` (graph changed since)."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        record = await svc.run(svc.controller.get_record, chat_id, floor)
+        if record is None:
+            raise NotFound("floor", f"chat {chat_id!r} has no recall record for floor {floor}")
+        return record
+
+    @app.put(f"{v1}/chats/{{chat_id}}/records/{{floor}}", response_model=RecordStatus, tags=["records"])
+    async def edit_record(request: Request, chat_id: ChatId, floor: Floor, body: RecordEdit) -> RecordStatus:
+        """Replace a record's injection text (sets ``manually_edited``; replays then inject the edited text)."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        record, _ = await svc.write(
+            chat_id, lambda: svc.controller.edit_record(chat_id, floor, body.injection_text), embed=False
+        )
+        return record
+
+    @app.delete(f"{v1}/chats/{{chat_id}}/records/{{floor}}", response_model=DeleteResult, tags=["records"])
+    async def delete_record(request: Request, chat_id: ChatId, floor: Floor) -> DeleteResult:
+        """Drop a record (the next generation for that floor recalls afresh)."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        deleted, _ = await svc.write(chat_id, lambda: svc.controller.delete_record(chat_id, floor), embed=False)
+        if not deleted:
+            raise NotFound("floor", f"chat {chat_id!r} has no recall record for floor {floor}")
+        return DeleteResult(chat_id=chat_id, deleted=True)
+
+    @app.post(
+        f"{v1}/chats/{{chat_id}}/records/{{floor}}/rerecall", response_model=RecallResponse, tags=["records"]
+    )
+    async def rerecall(
+        request: Request, chat_id: ChatId, floor: Floor, body: Annotated[RerecallBody | None, Body()] = None
+    ) -> RecallResponse:
+        """Force a fresh recall for ``floor`` and replace its record, even when the floor is unchanged. Without
+        ``messages`` the floor's text comes from its record."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        b = body or RerecallBody()
+        scene = {k: v for k, v in b.model_dump(exclude={"messages", "query_text"}).items() if v}
+        response: RecallResponse = await svc.run(
+            lambda: svc.controller.rerecall(chat_id, floor, messages=b.messages, query_text=b.query_text, **scene)
+        )
+        return response
+
+    # -- chat events ---------------------------------------------------------------------------------------------
+
+    @app.post(f"{v1}/chats/{{chat_id}}/events", response_model=EventResult, tags=["events"])
+    async def chat_event(request: Request, chat_id: ChatId, event: Annotated[ChatEvent, Body()]) -> EventResult:
+        """A host chat event: ``message_added`` (one or a batch; an existing floor is re-ingested),
+        ``message_edited`` (the floor's recall record is dropped), ``message_swiped`` (an assistant message
+        shows another alternative), ``message_deleted``. Updates the graph by the ingest rules."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        ctl = svc.controller
+        now = _now_ms()
+
+        def apply() -> tuple[int, Any, int]:
+            if isinstance(event, MessageAdded):
+                if event.message is not None:
+                    rep: ChatEventReport = ctl.on_message_added(chat_id, event.message, now_ms=now)
+                    report, dropped = rep.ingest, int(rep.record_deleted)
+                else:
+                    report, dropped = ingest_messages(svc.store, chat_id, event.batch, now_ms=now), 0
+            else:
+                if isinstance(event, MessageEdited):
+                    rep = ctl.on_message_edited(chat_id, event.message, now_ms=now)
+                elif isinstance(event, MessageSwiped):
+                    rep = ctl.on_message_swiped(chat_id, event.message, now_ms=now)
+                else:
+                    assert isinstance(event, MessageDeleted)
+                    rep = ctl.on_message_deleted(chat_id, event.floor, now_ms=now)
+                report, dropped = rep.ingest, int(rep.record_deleted)
+            return svc.store.chat_version(chat_id), report, dropped
+
+        (version, report, dropped), embedding = await svc.write(chat_id, apply)
+        counts = {
+            k: getattr(report, k, 0)
+            for k in ("nodes_added", "nodes_updated", "nodes_retired", "edges_added", "edges_updated", "edges_retired")
+        }
+        return EventResult(
+            chat_id=chat_id, type=event.type, version=version, records_invalidated=dropped, embedding=embedding,
+            **counts,
+        )
+
+    # -- graph ---------------------------------------------------------------------------------------------------
+
+    def _graph_write(svc: _Service, chat_id: str, fn: Callable[[Any], int]) -> Callable[[], tuple[int, int]]:
+        def run() -> tuple[int, int]:
+            with svc.store.write(chat_id) as w:
+                count = fn(w)
+                version = w.version
+            svc.snapshots.invalidate(chat_id)
+            return count, version
+
+        return run
+
+    @app.post(f"{v1}/chats/{{chat_id}}/nodes", response_model=WriteResult, tags=["graph"])
+    async def upsert_nodes(request: Request, chat_id: ChatId, body: NodeBatch) -> WriteResult:
+        """Insert or replace nodes by id (creates the chat)."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        write = _graph_write(svc, chat_id, lambda w: w.upsert_nodes(body.nodes))
+        (count, version), emb = await svc.write(chat_id, write)
+        return WriteResult(chat_id=chat_id, version=version, count=count, embedding=emb)
+
+    @app.delete(f"{v1}/chats/{{chat_id}}/nodes", response_model=WriteResult, tags=["graph"])
+    async def delete_nodes(request: Request, chat_id: ChatId, body: IdBatch) -> WriteResult:
+        """Delete nodes by id (with their edges and vectors). 404 for an unknown chat."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        await _require_chat(svc, chat_id)
+        (count, version), emb = await svc.write(
+            chat_id, _graph_write(svc, chat_id, lambda w: w.delete_nodes(body.ids)), embed=False
+        )
+        return WriteResult(chat_id=chat_id, version=version, count=count, embedding=emb)
+
+    @app.post(f"{v1}/chats/{{chat_id}}/edges", response_model=WriteResult, tags=["graph"])
+    async def upsert_edges(request: Request, chat_id: ChatId, body: EdgeBatch) -> WriteResult:
+        """Insert or replace edges by id; both ends must be nodes of the chat (else 422 naming the edge)."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        await _require_chat(svc, chat_id)
+        (count, version), emb = await svc.write(
+            chat_id, _graph_write(svc, chat_id, lambda w: w.upsert_edges(body.edges)), embed=False
+        )
+        return WriteResult(chat_id=chat_id, version=version, count=count, embedding=emb)
+
+    @app.delete(f"{v1}/chats/{{chat_id}}/edges", response_model=WriteResult, tags=["graph"])
+    async def delete_edges(request: Request, chat_id: ChatId, body: IdBatch) -> WriteResult:
+        """Delete edges by id. 404 for an unknown chat."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        await _require_chat(svc, chat_id)
+        (count, version), emb = await svc.write(
+            chat_id, _graph_write(svc, chat_id, lambda w: w.delete_edges(body.ids)), embed=False
+        )
+        return WriteResult(chat_id=chat_id, version=version, count=count, embedding=emb)
+
+    @app.post(f"{v1}/chats/{{chat_id}}/import", response_model=ImportResult, tags=["graph"])
+    async def import_graph(
+        request: Request, chat_id: ChatId, body: Annotated[dict[str, Any], Body(description="ST-BME graph export")]
+    ) -> ImportResult:
+        """Replace the chat's graph with an ST-BME graph export (the export object, or a wrapper holding it).
+        Skipped or repaired items are listed in ``warnings``; recall records are kept."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        now = _now_ms()
+
+        def run() -> tuple[int, list[str]]:
+            report = import_stbme_report(body, now_ms=now)
+            svc.store.replace_graph(chat_id, report.graph)
+            svc.snapshots.invalidate(chat_id)
+            return svc.store.chat_version(chat_id), list(report.warnings)
+
+        (version, warnings), emb = await svc.write(chat_id, run)
+        stats = await svc.run(svc.store.stats, chat_id)
+        return ImportResult(
+            chat_id=chat_id, version=version, node_count=stats["node_count"], edge_count=stats["edge_count"],
+            warnings=warnings, embedding=emb,
+        )
+
+    @app.get(f"{v1}/chats/{{chat_id}}/export", tags=["graph"])
+    async def export_graph(request: Request, chat_id: ChatId) -> dict[str, Any]:
+        """The chat's graph as an ST-BME graph export (imports back to an equal graph)."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        await _require_chat(svc, chat_id)
+        graph = await svc.run(svc.store.load_graph, chat_id)
+        return await svc.run(export_stbme, graph)
+
+    # -- chats ---------------------------------------------------------------------------------------------------
+
+    @app.get(f"{v1}/chats", response_model=ChatList, tags=["chats"])
+    async def list_chats(request: Request) -> ChatList:
+        """Every chat of the store with its version and counts."""
+        svc = _svc(request)
+        chats = await svc.run(svc.store.list_chats)
+        return ChatList(
+            chats=[
+                ChatSummary(chat_id=c.chat_id, version=c.version, node_count=c.node_count, edge_count=c.edge_count,
+                            created_at=c.created_at, updated_at=c.updated_at)
+                for c in chats
+            ]
+        )
+
+    @app.get(f"{v1}/chats/{{chat_id}}/stats", tags=["chats"])
+    async def chat_stats(request: Request, chat_id: ChatId) -> dict[str, Any]:
+        """Counts of one chat: nodes by type, archived, edges, embedded nodes per model, records."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        await _require_chat(svc, chat_id)
+        stats: dict[str, Any] = await svc.run(svc.store.stats, chat_id)
+        return stats
+
+    @app.delete(f"{v1}/chats/{{chat_id}}", response_model=DeleteResult, tags=["chats"])
+    async def delete_chat(request: Request, chat_id: ChatId) -> DeleteResult:
+        """Delete a chat with its graph, vectors and records."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+
+        def run() -> bool:
+            deleted = svc.store.delete_chat(chat_id)
+            svc.snapshots.invalidate(chat_id)
+            return deleted
+
+        deleted, _ = await svc.write(chat_id, run, embed=False)
+        if not deleted:
+            raise NotFound("chat_id", f"unknown chat {chat_id!r}")
+        return DeleteResult(chat_id=chat_id, deleted=True)
+
+    # -- health --------------------------------------------------------------------------------------------------
+
+    @app.get(f"{v1}/health", response_model=HealthBody, tags=["service"])
+    async def health() -> HealthBody:
+        """Liveness (no token needed)."""
+        return HealthBody(status="ok")
+
+    @app.get(f"{v1}/version", response_model=VersionBody, tags=["service"])
+    async def version(request: Request) -> VersionBody:
+        """Package, API and store schema versions and the embedding model in use."""
+        svc = _svc(request)
+        schema = await svc.run(lambda: svc.store.schema_version)
+        return VersionBody(
+            name="memory-recall", version=__version__, api=API_VERSION, schema_version=schema,
+            embedding_model=svc.embedder.model_id if svc.embedder else "",
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# serve
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def serve(
+    host: str,
+    port: int,
+    data_dir: str | None,
+    token: str | None,
+    settings: RecallSettings,
+    *,
+    log_level: str = "info",
+) -> None:
+    """Run the service on uvicorn until interrupted (Ctrl-C finishes in-flight writes, then closes the store).
+
+    ``host``/``port``/``data_dir``/``token`` override ``settings`` when given. Raises :class:`ConfigError` (one
+    line, before binding) for a non-loopback host without a token or an unusable provider configuration.
+    """
+    import uvicorn
+
+    from memory_recall.providers import make_embedder, make_llm
+
+    service = settings.service.model_copy(
+        update={"host": host or settings.service.host, "port": port, "token": token or settings.service.token}
+    )
+    store_settings = settings.store.model_copy(update={"data_dir": data_dir or settings.store.data_dir})
+    settings = settings.model_copy(update={"service": service, "store": store_settings})
+    check_bind(service.host, service.token)
+    embedder = make_embedder(settings.embedding)
+    llm = make_llm(settings.llm) if settings.rerank.enabled else None
+    app = create_app(settings, embedder=embedder, llm=llm)
+    uvicorn.run(
+        app,
+        host=service.host,
+        port=service.port,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(service.shutdown_timeout_s),
+    )
