@@ -71,8 +71,6 @@ __all__ = ["ChatEventReport", "RecallController", "RecordStatus", "run_recall"]
 
 Pipeline = Callable[..., RecallResult]
 Renderer = Callable[[RecallResult, Any], Any]
-# StoreWriter.reinforce adds a fixed 0.1 (reference §5.3); the snapshot carry-over must add the same.
-_STORE_IMPORTANCE_STEP = 0.1
 
 
 def _wall_clock_ms() -> int:
@@ -290,7 +288,8 @@ class RecallController:
                 created_at=previous.created_at if previous is not None and previous.created_at else now,
                 updated_at=now,
             )
-        record, version = self._persist(chat, model_id, record, reinforce_ids, snapshot.version, now)
+        step = settings.reinforcement.importance_step if settings.reinforcement.enabled else 0.0
+        record, version = self._persist(chat, model_id, record, reinforce_ids, snapshot.version, now, step)
         timings = dict(result.timings)
         timings["total"] = (time.perf_counter() - start) * 1000.0
         return RecallResponse(
@@ -329,6 +328,7 @@ class RecallController:
         reinforce_ids: list[str],
         snapshot_version: int,
         now: int,
+        step: float = 0.1,
     ) -> tuple[PersistedRecall | None, int]:
         """Reinforcement + record in one transaction; returns the record as written and the chat's version."""
         if not reinforce_ids:
@@ -343,7 +343,7 @@ class RecallController:
         with self.store.write(chat) as w:
             base_version = w.chat_version(chat)
             if reinforce_ids:
-                w.reinforce(reinforce_ids, now)
+                w.reinforce(reinforce_ids, now, step)
             if record is not None:
                 # Computed on the graph the batch starts from → it is current as of this batch's version.
                 graph_version = w.version if base_version == snapshot_version else snapshot_version
@@ -351,7 +351,7 @@ class RecallController:
                 w.put_record(record)
             new_version = w.version
         self.snapshot_cache.apply_reinforcement(
-            chat, model_id, reinforce_ids, _STORE_IMPORTANCE_STEP, new_version,
+            chat, model_id, reinforce_ids, step, new_version,
             base_version=base_version, now_ms=now,
         )
         return record, new_version

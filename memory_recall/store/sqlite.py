@@ -938,14 +938,18 @@ class StoreWriter(StoreReader):
         cur = conn.executemany("DELETE FROM nodes WHERE chat_id = ? AND node_id = ?", params)
         return max(cur.rowcount, 0)
 
-    def reinforce(self, node_ids: Iterable[str], now_ms: int) -> int:
+    def reinforce(self, node_ids: Iterable[str], now_ms: int, importance_step: float = 0.1) -> int:
         """Access reinforcement (reference §1.9) of the recalled nodes; returns how many were updated.
 
-        ``access_count + 1``, ``importance = min(10, importance + 0.1)``, ``last_access_time = now_ms``.
+        ``access_count + 1``, ``importance = min(10, importance + importance_step)`` (0.1 in the reference),
+        ``last_access_time = now_ms``.
         Unknown ids are ignored (a node may be deleted between recall and reinforcement); each id counts once.
         """
         conn = self._check_open()
         now = _int_arg(now_ms, "now_ms", 0, _MAX_MILLIS)
+        if not (isinstance(importance_step, int | float) and 0 <= importance_step <= 10):
+            raise InputError("importance_step", f"must be a number in [0, 10], got {importance_step!r}")
+        step = float(importance_step)
         ids = _id_list(node_ids, "node_ids")
         updates: list[tuple[str, str, str, str]] = []
         for part in _chunks(ids):
@@ -957,7 +961,7 @@ class StoreWriter(StoreReader):
                 node = node.model_copy(
                     update={
                         "access_count": node.access_count + 1,
-                        "importance": min(10.0, node.importance + 0.1),
+                        "importance": min(10.0, node.importance + step),
                         "last_access_time": now,
                     }
                 )
@@ -1754,10 +1758,10 @@ class Store:
             finally:
                 writer._open = False
 
-    def reinforce(self, chat_id: str, node_ids: Iterable[str], now_ms: int) -> int:
+    def reinforce(self, chat_id: str, node_ids: Iterable[str], now_ms: int, importance_step: float = 0.1) -> int:
         """See :meth:`StoreWriter.reinforce`."""
         with self.write(chat_id) as w:
-            return w.reinforce(node_ids, now_ms)
+            return w.reinforce(node_ids, now_ms, importance_step)
 
     def replace_graph(self, chat_id: str, graph: MemoryGraph) -> None:
         """See :meth:`StoreWriter.replace_graph`."""

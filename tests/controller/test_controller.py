@@ -49,6 +49,22 @@ class TestFreshRecall:
             assert node.importance == pytest.approx(min(10.0, nodes_before[node_id].importance + 0.1))
         assert store.get_record(CHAT, FLOOR) == resp.record
 
+    def test_importance_step_setting_is_applied_to_store_and_snapshot(
+        self, store: Store, chat: str, messages: list[ChatMessage]
+    ) -> None:
+        settings = RecallSettings().with_overrides({"reinforcement": {"importance_step": 0.5}})
+        cache = SnapshotCache()
+        controller = RecallController(store, settings, snapshot_cache=cache)
+        nodes_before = {n.id: n for n in store.get_nodes(CHAT)}
+        resp = controller.run_recall(request(upto(messages, FLOOR), target_user_floor=FLOOR))
+        changed = [n for n in store.get_nodes(CHAT) if n != nodes_before[n.id]]
+        assert changed and len(changed) == resp.notes["reinforced"]
+        for node in changed:
+            assert node.importance == pytest.approx(min(10.0, nodes_before[node.id].importance + 0.5))
+        carried = cache.get(store, CHAT, "", now_ms=NOW)
+        rebuilt = build_snapshot(store.snapshot_source(CHAT, ""), now_ms=NOW)
+        np.testing.assert_array_equal(carried.importance, rebuilt.importance)
+
     def test_response_content(self, controller: RecallController, messages: list[ChatMessage]) -> None:
         resp = controller.run_recall(request(upto(messages, FLOOR), target_user_floor=FLOOR))
         record = resp.record
