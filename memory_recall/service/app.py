@@ -50,6 +50,7 @@ Contract
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -291,6 +292,24 @@ class _Service:
                 del self._lock_users[chat_id], self._locks[chat_id]
         return result, outcome
 
+    async def reembed_all(self) -> None:
+        """Embed, chat by chat under each chat's write lock, every node lacking a vector of the configured model.
+
+        Started in the background at startup, so switching the embedding model re-embeds existing chats
+        without blocking the service (recalls meanwhile fall back to lexical for chats not yet done, and say
+        so); vectors of the old model stay stored under its own model id and are never mixed in.
+        """
+        if self.embedder is None:
+            return
+        chats = await anyio.to_thread.run_sync(self.store.list_chats)
+        for info in chats:
+            _, outcome = await self.write(info.chat_id, lambda: None)
+            if outcome.status == "failed":
+                log.warning("background re-embedding stopped: %s", outcome.failure_category)
+                return
+            if outcome.embedded:
+                log.info("re-embedded chat %r: %d vectors of %s", info.chat_id, outcome.embedded, outcome.model_id)
+
     def no_embedding(self) -> EmbeddingOutcome:
         return EmbeddingOutcome(status="disabled", model_id=self.embedder.model_id if self.embedder else "")
 
@@ -349,9 +368,13 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(service.open)
+        reembed = asyncio.create_task(service.reembed_all())
         try:
             yield
         finally:
+            reembed.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reembed
             await service.close(svc_settings.shutdown_timeout_s)
 
     app = FastAPI(
