@@ -17,8 +17,10 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
+import operator
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -61,6 +63,11 @@ __all__ = [
 TYPE_CODE: dict[str, int] = {t: i for i, t in enumerate(NODE_TYPES)}
 _TENSES = ("unknown", "past", "ongoing", "future", "flashback", "hypothetical")
 TENSE_CODE: dict[str, int] = {t: i for i, t in enumerate(_TENSES)}
+_OWNER_TYPE_CODE: dict[str, int] = {"character": 1, "user": 2}
+_FROM_ID = operator.attrgetter("from_id")
+_TO_ID = operator.attrgetter("to_id")
+_INVALID_AT = operator.attrgetter("invalid_at")
+_EXPIRED_AT = operator.attrgetter("expired_at")
 _SEP = "\x1f"
 _NORM_BLOCK = 8192
 
@@ -118,12 +125,11 @@ class NodeIndex:
         return cls._from_values(json.loads(text))
 
     @classmethod
-    def many_from_json(cls, texts: Sequence[str]) -> list[NodeIndex]:
-        """:meth:`from_json` of many rows with one JSON parse (the snapshot read of a large chat)."""
-        if not texts:
-            return []
-        values = json.loads("[" + ",".join(texts) + "]")
-        return [cls._from_values(v) for v in values]
+    def many_from_json(cls, texts: Sequence[str]) -> NodeIndexTable:
+        """:meth:`from_json` of many rows with one JSON parse (the snapshot read of a large chat); the rows are
+        kept as decoded lists and only become :class:`NodeIndex` objects when one is asked for."""
+        values = json.loads("[" + ",".join(texts) + "]") if texts else []
+        return NodeIndexTable(values)
 
     @classmethod
     def _from_values(cls, v: list[Any]) -> NodeIndex:
@@ -135,6 +141,50 @@ class NodeIndex:
             v[14], v[15], None if vis is None else tuple(vis.split(_SEP)),
             v[17], bool(v[18]), v[19], v[20], v[21], bool(v[22]),
         )
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(t for t in text.split(_SEP) if t) if text else ()
+
+
+#: Field order of :meth:`NodeIndex.to_json` (and of the dataclass).
+_INDEX_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(NodeIndex))
+
+
+class NodeIndexTable(Sequence[NodeIndex]):
+    """Decoded index rows of many nodes: a sequence of :class:`NodeIndex` built on access, plus
+    :meth:`columns` (one tuple per field, made in C by ``zip``) for :func:`build_snapshot`."""
+
+    def __init__(self, values: list[list[Any]]) -> None:
+        self._values = values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [NodeIndex._from_values(v) for v in self._values[i]]
+        return NodeIndex._from_values(self._values[i])
+
+    def columns(self) -> dict[str, tuple[Any, ...]]:
+        if not self._values:
+            return {name: () for name in _INDEX_FIELDS}
+        cols = dict(zip(_INDEX_FIELDS, zip(*self._values, strict=True), strict=True))
+        cols["region_tokens"] = tuple(map(_split, cols["region_tokens"]))
+        cols["anchor_terms"] = tuple(map(_split, cols["anchor_terms"]))
+        cols["visibility"] = tuple(None if v is None else tuple(v.split(_SEP)) for v in cols["visibility"])
+        for name in ("archived", "has_story_label", "has_span_label"):
+            cols[name] = tuple(map(bool, cols[name]))
+        return cols
+
+
+def _index_columns(rows: Sequence[NodeIndex]) -> dict[str, tuple[Any, ...]]:
+    """One tuple per :class:`NodeIndex` field over ``rows``."""
+    if isinstance(rows, NodeIndexTable):
+        return rows.columns()
+    if not rows:
+        return {name: () for name in _INDEX_FIELDS}
+    return dict(zip(_INDEX_FIELDS, zip(*map(operator.attrgetter(*_INDEX_FIELDS), rows), strict=True), strict=True))
 
 
 def _visibility_names(value: Any) -> tuple[str, ...] | None:
@@ -203,7 +253,7 @@ class SnapshotSource:
     chat_id: str
     version: int
     node_ids: list[str]
-    node_index: list[NodeIndex]
+    node_index: Sequence[NodeIndex]  # a list, or the store's lazily decoded NodeIndexTable
     node_json: list[str]
     edges: list[EdgeRow]
     model_id: str
@@ -424,35 +474,33 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     ids = tuple(source.node_ids)
     n = len(ids)
     index = {nid: i for i, nid in enumerate(ids)}
-    rows = source.node_index
+    c = _index_columns(source.node_index)
     order = sorted(range(n), key=lambda i: ids[i].encode("utf-8"))
     id_rank = np.empty(n, dtype=np.int64)
     id_rank[order] = np.arange(n, dtype=np.int64)
 
-    type_code = np.fromiter((TYPE_CODE.get(r.type, -1) for r in rows), dtype=np.int16, count=n)
-    archived = np.fromiter((r.archived for r in rows), dtype=bool, count=n)
-    seq = np.fromiter((r.seq for r in rows), dtype=np.int64, count=n)
-    seq_start = np.fromiter((math.nan if r.seq_start is None else r.seq_start for r in rows), np.float64, n)
-    seq_end = np.fromiter((math.nan if r.seq_end is None else r.seq_end for r in rows), np.float64, n)
-    importance = np.fromiter((r.importance for r in rows), dtype=np.float64, count=n)
-    created = np.fromiter((r.created_time for r in rows), dtype=np.float64, count=n)
-    is_pov = np.fromiter((r.layer == "pov" for r in rows), dtype=bool, count=n)
-    owner_type_code = np.fromiter(
-        ({"character": 1, "user": 2}.get(r.owner_type, 0) for r in rows), dtype=np.int8, count=n
-    )
-    scope_owner_key = np.array([_owner_base_key(r.owner_key) for r in rows], dtype=object)
-    tense_code = np.fromiter((TENSE_CODE.get(r.tense, 0) for r in rows), dtype=np.int8, count=n)
+    type_code = np.fromiter(map(TYPE_CODE.get, c["type"], itertools.repeat(-1)), dtype=np.int16, count=n)
+    archived = np.fromiter(c["archived"], dtype=bool, count=n)
+    seq = np.fromiter(c["seq"], dtype=np.int64, count=n)
+    seq_start = np.array(c["seq_start"], dtype=np.float64).reshape(n)  # None → NaN
+    seq_end = np.array(c["seq_end"], dtype=np.float64).reshape(n)
+    importance = np.fromiter(c["importance"], dtype=np.float64, count=n)
+    created = np.fromiter(c["created_time"], dtype=np.float64, count=n)
+    is_pov = np.array(c["layer"], dtype=object).reshape(n) == "pov"
+    owner_type_code = np.fromiter(map(_OWNER_TYPE_CODE.get, c["owner_type"], itertools.repeat(0)), np.int8, n)
+    scope_owner_key = np.array([_owner_base_key(k) if k else "" for k in c["owner_key"]], dtype=object).reshape(n)
+    tense_code = np.fromiter(map(TENSE_CODE.get, c["tense"], itertools.repeat(0)), dtype=np.int8, count=n)
 
     anchor_index: dict[str, list[int]] = {}
-    for i, r in enumerate(rows):
-        if r.archived:
+    for i, (terms, gone) in enumerate(zip(c["anchor_terms"], c["archived"], strict=True)):
+        if gone or not terms:
             continue
-        for term in r.anchor_terms:
+        for term in terms:
             anchor_index.setdefault(term, []).append(i)
     anchor_lengths = tuple(sorted({len(t) for t in anchor_index}, reverse=True))
 
-    prev_index = np.fromiter((index.get(r.prev_id, -1) for r in rows), dtype=np.int64, count=n)
-    next_index = np.fromiter((index.get(r.next_id, -1) for r in rows), dtype=np.int64, count=n)
+    prev_index = np.fromiter(map(index.get, c["prev_id"], itertools.repeat(-1)), dtype=np.int64, count=n)
+    next_index = np.fromiter(map(index.get, c["next_id"], itertools.repeat(-1)), dtype=np.int64, count=n)
 
     # Embeddings: rows aligned to node order; missing vectors stay zero and are masked out.
     dim = int(source.embeddings.shape[1]) if source.embeddings.ndim == 2 and source.embeddings.size else 0
@@ -486,13 +534,12 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     # branchy loop: a large chat has several edges per node.
     edges = source.edges
     m = len(edges)
-    nan = math.nan
-    invalid_at = np.fromiter((nan if e.invalid_at is None else e.invalid_at for e in edges), np.float64, m)
-    expired_at = np.fromiter((nan if e.expired_at is None else e.expired_at for e in edges), np.float64, m)
+    invalid_at = np.array(list(map(_INVALID_AT, edges)), dtype=np.float64).reshape(m)  # None → NaN
+    expired_at = np.array(list(map(_EXPIRED_AT, edges)), dtype=np.float64).reshape(m)
     future = np.concatenate([invalid_at[invalid_at > now_ms], expired_at[expired_at > now_ms]])
     valid_until = float(future.min()) if future.size else math.inf
-    a_all = np.fromiter((index.get(e.from_id, -1) for e in edges), np.int64, m)
-    b_all = np.fromiter((index.get(e.to_id, -1) for e in edges), np.int64, m)
+    a_all = np.fromiter(map(index.get, map(_FROM_ID, edges), itertools.repeat(-1)), np.int64, m)
+    b_all = np.fromiter(map(index.get, map(_TO_ID, edges), itertools.repeat(-1)), np.int64, m)
     keep = ~(invalid_at <= now_ms) & ~(expired_at <= now_ms) & (a_all >= 0) & (b_all >= 0) & (a_all != b_all)
     keep[keep] = ~archived[a_all[keep]] & ~archived[b_all[keep]]
     kept = np.flatnonzero(keep).tolist()
@@ -549,19 +596,19 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
         is_pov=is_pov,
         owner_type_code=owner_type_code,
         scope_owner_key=scope_owner_key,
-        scope_owner_name=tuple(r.owner_name for r in rows),
-        region_primary=tuple(r.region_primary for r in rows),
-        region_tokens=tuple(r.region_tokens for r in rows),
-        anchor_terms=tuple(r.anchor_terms for r in rows),
+        scope_owner_name=tuple(c["owner_name"]),
+        region_primary=tuple(c["region_primary"]),
+        region_tokens=tuple(c["region_tokens"]),
+        anchor_terms=tuple(c["anchor_terms"]),
         anchor_index={t: tuple(v) for t, v in anchor_index.items()},
         anchor_lengths=anchor_lengths,
-        visibility={i: r.visibility for i, r in enumerate(rows) if r.visibility is not None},
-        segment_id=tuple(r.segment_id for r in rows),
-        has_story_label=np.fromiter((r.has_story_label for r in rows), dtype=bool, count=n),
+        visibility={i: v for i, v in enumerate(c["visibility"]) if v is not None},
+        segment_id=tuple(c["segment_id"]),
+        has_story_label=np.fromiter(c["has_story_label"], dtype=bool, count=n),
         tense_code=tense_code,
-        span_start_segment=tuple(r.span_start_segment for r in rows),
-        span_end_segment=tuple(r.span_end_segment for r in rows),
-        has_span_label=np.fromiter((r.has_span_label for r in rows), dtype=bool, count=n),
+        span_start_segment=tuple(c["span_start_segment"]),
+        span_end_segment=tuple(c["span_end_segment"]),
+        has_span_label=np.fromiter(c["has_span_label"], dtype=bool, count=n),
         prev_index=prev_index,
         next_index=next_index,
         embeddings=emb,

@@ -1,0 +1,522 @@
+"""Recall benchmark (issue 8): synthetic roleplay graphs at several sizes, per-stage and total latency.
+
+Usage::
+
+    python scripts/bench_recall.py --sizes 1000,10000,100000 --out bench.json
+    memory-recall bench --sizes 1000,10000
+
+Each size runs in a fresh subprocess (so peak RSS is per size) and:
+
+1. generates a seeded synthetic graph: a realistic type mix (message, event, character, location, thread, rule,
+   reflection, pov_memory, entity), average degree about 7 with some inhibit edges, 384-d random unit vectors,
+   four character knowledge owners (known ids, visibility scores, POV memories), regions with adjacency and
+   story-time segments;
+2. writes it into a SQLite store in a temporary directory through ``store.write`` upserts (ingest throughput,
+   embedding excluded), then times ``build_snapshot(store.snapshot_source(...))``;
+3. runs a fixed set of 20 queries with default "app" settings, no LLM, the four owners active and the store's
+   BM25 channel: once with the real :class:`~memory_recall.providers.embedding.LocalEmbedder` (query embedding
+   included; its vectors are recorded) and then ``--repeat`` times through a pass-through embedder returning the
+   recorded vectors (query embedding excluded). Without the local engine both use seeded random query vectors.
+
+BLAS is limited to one thread inside the benchmark (threadpoolctl) so the two shared cores are not
+oversubscribed. The JSON written to ``--out`` is a list with one object per size (see :func:`bench_size`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["QUERIES", "bench_size", "main"]
+
+DIM = 384
+CHAT = "bench"
+NOW_MS = 1_760_000_000_000
+OWNERS = ("Alice", "Bram", "Corin", "Dahlia")
+USER = "Traveller"
+#: Type mix of a long roleplay chat ingested without and then with LLM extraction.
+TYPE_MIX: tuple[tuple[str, float], ...] = (
+    ("message", 0.40), ("event", 0.16), ("pov_memory", 0.12), ("entity", 0.08), ("reflection", 0.08),
+    ("character", 0.04), ("location", 0.05), ("thread", 0.04), ("rule", 0.03),
+)
+_WORDS = (
+    "storm harbour ring map tower market gate lantern oath debt letter sword ship forest river bridge temple "
+    "archive garden secret promise betrayal festival winter spring poison cure crown thief guard merchant "
+    "priest scholar dragon wolf raven key door cellar roof bell chapel mill well road inn tavern fire ash "
+    "silver gold iron glass salt bread wine tea candle book song dance mask"
+).split()
+_PLACES = (
+    "Harbour", "Old Market", "North Gate", "Bell Tower", "Temple", "Archive", "Mill", "River Crossing", "Inn",
+    "Forest Road", "Castle", "Docks", "Chapel", "Garden", "Cellars", "Bridge", "Watchtower", "Library",
+)
+QUERIES: tuple[str, ...] = (
+    "Where did Alice hide the silver key?",
+    "What did Bram promise at the North Gate?",
+    "Does Corin know about the poison in the wine?",
+    "Tell me what happened during the storm at the Harbour.",
+    "Why is Dahlia angry with the merchant?",
+    "Who stole the map from the Archive?",
+    "Remember the festival at the Old Market?",
+    "What does the guard at the Bell Tower want?",
+    "Alice and Bram argued about the debt again.",
+    "Is the bridge over the River Crossing still broken?",
+    "What rule applies inside the Temple?",
+    "Corin found a letter in the cellar.",
+    "Let's go back to the Inn and ask about the raven.",
+    "Dahlia said the dragon sleeps under the Castle.",
+    "What did we learn from the priest about the crown?",
+    "I light a candle and read the old book.",
+    "How long ago was the fire at the Mill?",
+    "Bram, what is your real goal?",
+    "The wolf followed us along the Forest Road.",
+    "Who was at the chapel when the bell rang?",
+)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Synthetic graph
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Plan:
+    """Seeded per-node attributes of one synthetic graph, as arrays (nodes are materialised in chunks)."""
+
+    def __init__(self, n: int, seed: int = 8) -> None:
+        rng = np.random.default_rng(seed)
+        self.n = n
+        types = [t for t, _ in TYPE_MIX]
+        probs = np.array([p for _, p in TYPE_MIX])
+        self.types = rng.choice(len(types), size=n, p=probs / probs.sum())
+        self.type_names = types
+        # The four owners' character nodes first, so every size has them.
+        self.types[: len(OWNERS)] = types.index("character")
+        self.regions = list(_PLACES) + [f"Region {i}" for i in range(max(0, int(np.sqrt(n) // 2) - len(_PLACES)))]
+        self.region = rng.integers(0, len(self.regions), size=n)
+        self.segments = max(4, min(300, n // 100))
+        # Story time advances with the chat.
+        self.segment = np.minimum((np.arange(n) * self.segments) // max(n, 1), self.segments - 1)
+        self.owner = rng.integers(0, len(OWNERS), size=n)
+        self.importance = np.round(rng.uniform(1.0, 9.5, size=n), 2)
+        self.words = rng.integers(0, len(_WORDS), size=(n, 6))
+        self.archived = rng.random(n) < 0.02
+        self.archived[: len(OWNERS)] = False
+        vec = rng.standard_normal((n, DIM), dtype=np.float32)
+        vec /= np.linalg.norm(vec, axis=1, keepdims=True)
+        self.vectors = vec
+        # Edges: average degree ~7 (3.5 edges per node), biased to nearby nodes (chat locality), 4% inhibit.
+        e = int(3.5 * n)
+        src = rng.integers(0, n, size=e)
+        near = rng.random(e) < 0.7
+        offset = rng.integers(1, 60, size=e)
+        dst = np.where(near, (src + offset) % n, rng.integers(0, n, size=e))
+        keep = src != dst
+        self.edge_src, self.edge_dst = src[keep], dst[keep]
+        m = int(keep.sum())
+        self.edge_strength = np.round(rng.uniform(0.2, 1.0, size=m), 3)
+        self.edge_inhibit = rng.random(m) < 0.04
+        self.edge_relation = rng.integers(0, 5, size=m)
+        # Knowledge: each owner knows up to 512 ids (the store cap) and has visibility scores on ~15%.
+        self.known = [np.sort(rng.choice(n, size=min(512, n // 3), replace=False)) for _ in OWNERS]
+        self.vis = [rng.choice(n, size=max(1, n * 15 // 100), replace=False) for _ in OWNERS]
+        self.vis_score = [np.round(rng.uniform(0.05, 1.0, size=v.size), 3) for v in self.vis]
+
+    def node_id(self, i: int) -> str:
+        return f"{self.type_names[int(self.types[i])][:3]}-{i:07d}"
+
+    def node(self, i: int) -> dict[str, Any]:
+        from memory_recall.model.graph import StoryTime  # noqa: F401  (keeps the import cost out of timing)
+
+        t = self.type_names[int(self.types[i])]
+        w = [_WORDS[k] for k in self.words[i]]
+        place = self.regions[int(self.region[i])]
+        who = OWNERS[int(self.owner[i])]
+        other = OWNERS[(int(self.owner[i]) + 1) % len(OWNERS)]
+        text = f"{who} and {other} talked about the {w[0]} and the {w[1]} near the {place}; {w[2]} {w[3]} {w[4]}."
+        fields: dict[str, Any]
+        scope: dict[str, Any] = {"region_primary": place}
+        if t == "message":
+            fields = {"speaker": who if i % 2 else USER, "summary": text, "participants": [who, USER],
+                      "date": f"day {int(self.segment[i]) + 1}"}
+        elif t == "event":
+            fields = {"title": f"The {w[0]} at the {place}", "summary": text, "participants": [who, other],
+                      "status": "resolved" if i % 3 else "open"}
+        elif t == "pov_memory":
+            fields = {"summary": f"{who} remembers the {w[0]} at the {place}", "belief": f"{other} hid the {w[1]}",
+                      "emotion": w[5], "attitude": "wary", "certainty": "medium", "about": other}
+            scope = {"layer": "pov", "owner_type": "character", "owner_name": who, "owner_id": who,
+                     "region_primary": place}
+        elif t == "entity":
+            fields = {"name": f"{w[0].title()} {w[1].title()} {i}", "kind": "object", "aliases": [],
+                      "summary": text}
+        elif t == "reflection":
+            fields = {"insight": f"{who} trusts {other} less after the {w[0]}", "trigger": w[1],
+                      "suggestion": f"remind {who} of the {w[2]}"}
+        elif t == "character":
+            name = OWNERS[i] if i < len(OWNERS) else f"{w[0].title()}keeper {i}"
+            fields = {"name": name, "traits": f"{w[1]}, {w[2]}", "state": f"carrying the {w[3]}",
+                      "goal": f"find the {w[4]}", "inventory": w[5], "core_note": ""}
+        elif t == "location":
+            fields = {"name": f"{place} {w[0]} {i}", "state": w[1], "features": f"{w[2]} and {w[3]}",
+                      "danger": "low"}
+        elif t == "thread":
+            fields = {"title": f"Quest of the {w[0]} {i}", "summary": text, "status": "active"}
+        else:  # rule
+            fields = {"title": f"Law of the {w[0]} {i}", "constraint": f"no {w[1]} inside the {place}",
+                      "scope": place, "status": "active"}
+        prev_id = self._chain(i, -1) if t == "message" else None
+        next_id = self._chain(i, +1) if t == "message" else None
+        seg = int(self.segment[i])
+        return {
+            "id": self.node_id(i), "type": t, "fields": fields, "seq": i // 2, "archived": bool(self.archived[i]),
+            "importance": float(self.importance[i]), "created_time": NOW_MS - (self.n - i) * 60_000,
+            "prev_id": prev_id, "next_id": next_id, "scope": scope,
+            "story_time": {"segment_id": f"seg-{seg:03d}", "label": f"Day {seg + 1}", "tense": "past"},
+        }
+
+    def _chain(self, i: int, step: int) -> str | None:
+        # Nearest message before/after i (messages form the prev/next chain of the chat).
+        j = i + step
+        msg = self.type_names.index("message")
+        while 0 <= j < self.n and j - i < 50 and i - j < 50:
+            if self.types[j] == msg:
+                return self.node_id(j)
+            j += step
+        return None
+
+    def edges(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        rel = ("related", "mentions", "causes", "located_at", "contradicts")
+        return [
+            {"id": f"e{k:08d}", "from_id": self.node_id(int(self.edge_src[k])),
+             "to_id": self.node_id(int(self.edge_dst[k])), "relation": rel[int(self.edge_relation[k])],
+             "strength": float(self.edge_strength[k]), "edge_type": 255 if self.edge_inhibit[k] else 0}
+            for k in range(lo, min(hi, self.edge_src.size))
+        ]
+
+    def state(self) -> dict[str, Any]:
+        from memory_recall.model.state import (
+            HistoryState,
+            KnowledgeOwner,
+            KnowledgeState,
+            RegionAdjacency,
+            RegionState,
+            StorySegment,
+            TimelineState,
+        )
+
+        owners = {}
+        for o, name in enumerate(OWNERS):
+            key = f"character:{name.lower()}"
+            owners[key] = KnowledgeOwner(
+                owner_type="character", owner_key=key, owner_name=name, node_id=self.node_id(o),
+                known_node_ids=tuple(self.node_id(int(i)) for i in self.known[o]),
+                visibility_scores={self.node_id(int(i)): float(s) for i, s in zip(self.vis[o], self.vis_score[o],
+                                                                                   strict=True)},
+                updated_at=NOW_MS,
+            )
+        r = len(self.regions)
+        regions = RegionState(
+            adjacency_map={
+                name: RegionAdjacency(adjacent=(self.regions[(k + 1) % r], self.regions[(k + 3) % r]))
+                for k, name in enumerate(self.regions)
+            },
+            recent_regions=tuple(self.regions[:3]),
+        )
+        timeline = TimelineState(
+            segments=tuple(StorySegment(id=f"seg-{s:03d}", label=f"Day {s + 1}", order=s + 1)
+                           for s in range(self.segments)),
+            next_order=self.segments + 1,
+        )
+        history = HistoryState(active_region=self.regions[0], active_story_segment_id=f"seg-{self.segments - 1:03d}")
+        return {"knowledge": KnowledgeState(owners=owners), "regions": regions, "timeline": timeline,
+                "history": history}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Embedders
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _RecordingEmbedder:
+    """Wraps the real embedder and records every query vector (query embedding included)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.dim = inner.dim
+        self.vectors: dict[str, np.ndarray] = {}
+
+    def embed_query(self, text: str) -> np.ndarray:
+        vec = self.inner.embed_query(text)
+        self.vectors[text] = vec
+        return vec
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return self.inner.embed_passages(texts)
+
+
+class _PassThroughEmbedder:
+    """Returns precomputed query vectors (query embedding excluded); seeded random unit vectors otherwise."""
+
+    def __init__(self, model_id: str, vectors: dict[str, np.ndarray]) -> None:
+        self.model_id = model_id
+        self.dim = DIM
+        self.vectors = vectors
+
+    def embed_query(self, text: str) -> np.ndarray:
+        vec = self.vectors.get(text)
+        if vec is None:
+            seed = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
+            vec = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+            vec /= np.linalg.norm(vec)
+            self.vectors[text] = vec
+        return vec
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return np.stack([self.embed_query(t) for t in texts]) if texts else np.zeros((0, DIM), np.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One size
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _pct(values: Sequence[float]) -> dict[str, float]:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return {"p50": 0.0, "p95": 0.0}
+    return {"p50": round(float(np.percentile(arr, 50)), 3), "p95": round(float(np.percentile(arr, 95)), 3)}
+
+
+def _peak_rss_mb() -> float:
+    # ru_maxrss is in KiB on Linux, bytes on macOS.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
+    for lo in range(0, n, size):
+        yield lo, min(n, lo + size)
+
+
+def _blas_one_thread() -> Any:
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def _query(plan: _Plan, k: int, text: str) -> Any:
+    from memory_recall.pipeline.state import RecallQuery
+
+    prev = QUERIES[(k - 1) % len(QUERIES)]
+    return RecallQuery(
+        user_message=text,
+        recent_lines=(f"[user]: {prev}", "[assistant]: The lantern flickers as you wait for an answer.",
+                      f"[user]: {text}"),
+        now_ms=NOW_MS, seed=k, chat_id=CHAT, user_floor=plan.n // 2 + k,
+        # The scene (region) changes every fifth query: a roleplay scene lasts a few turns.
+        active_region=plan.regions[(k // 5) % len(plan.regions)],
+        active_owner_keys=tuple(f"character:{o.lower()}" for o in OWNERS),
+        active_story_segment_id=f"seg-{plan.segments - 1:03d}",
+        host_user_name=USER,
+    )
+
+
+def bench_size(n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "") -> dict[str, Any]:
+    """Benchmark one graph size in this process; returns its JSON object.
+
+    Keys: ``nodes``, ``edges``, ``total_ms`` / ``total_ms_with_embedding`` / ``pipeline_ms`` / ``total_cpu_ms``
+    (process CPU time of one recall: less sensitive to other load on shared cores) (p50, p95),
+    ``stages`` (name → p50, p95 of the stage traces; ``result`` is the result builder), ``snapshot_build_ms``,
+    ``snapshot_read_ms`` (the store read part), ``ingest_nodes_per_s``, ``peak_rss_mb``,
+    ``embedding_matrix_mb``, ``rss_target_mb`` and ``query_embedding`` (``local`` or ``random``).
+    """
+    from memory_recall.model.graph import Edge, Node
+    from memory_recall.pipeline.result import build_result
+    from memory_recall.pipeline.retrieve import run_pipeline
+    from memory_recall.pipeline.state import Providers
+    from memory_recall.providers.embedding import LOCAL_MODEL_ID, LocalEmbedder, local_engine_available
+    from memory_recall.settings import RecallSettings
+    from memory_recall.store import Store
+    from memory_recall.store.snapshot import build_snapshot
+
+    plan = _Plan(n)
+    settings = RecallSettings(profile="app")
+    out: dict[str, Any] = {"nodes": n, "edges": int(plan.edge_src.size)}
+    with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "bench.sqlite3") as store, _blas_one_thread():
+        ingest_s = 0.0
+        for lo, hi in _chunks(n, chunk):
+            nodes = [Node.model_validate(plan.node(i)) for i in range(lo, hi)]
+            start = time.perf_counter()
+            with store.write(CHAT) as w:
+                w.upsert_nodes(nodes)
+            ingest_s += time.perf_counter() - start
+        out["ingest_nodes_per_s"] = round(n / ingest_s, 1)
+        for lo, hi in _chunks(plan.edge_src.size, 4 * chunk):
+            edges = [Edge.model_validate(e) for e in plan.edges(lo, hi)]
+            with store.write(CHAT) as w:
+                w.upsert_edges(edges)
+        for lo, hi in _chunks(n, 4 * chunk):
+            with store.write(CHAT) as w:
+                w.put_embeddings(LOCAL_MODEL_ID, [(plan.node_id(i), plan.vectors[i], "") for i in range(lo, hi)])
+        state = plan.state()
+        with store.write(CHAT) as w:
+            w.set_knowledge(state["knowledge"])
+            w.set_regions(state["regions"])
+            w.set_timeline(state["timeline"])
+            w.set_history(state["history"])
+        del plan.vectors
+
+        builds, reads = [], []
+        snap = None
+        for _ in range(3):
+            snap = None
+            start = time.perf_counter()
+            source = store.snapshot_source(CHAT, LOCAL_MODEL_ID)
+            mid = time.perf_counter()
+            snap = build_snapshot(source, now_ms=NOW_MS)
+            end = time.perf_counter()
+            del source
+            builds.append((end - start) * 1000)
+            reads.append((mid - start) * 1000)
+        assert snap is not None
+        out["snapshot_build_ms"] = round(float(np.median(builds)), 1)
+        out["snapshot_read_ms"] = round(float(np.median(reads)), 1)
+        lexical = partial(store.bm25, CHAT)
+
+        def once(k: int, text: str, embedder: Any) -> tuple[float, dict[str, float]]:
+            cpu = time.process_time()
+            start = time.perf_counter()
+            run = run_pipeline(snap, _query(plan, k, text), settings, Providers(embedder=embedder,
+                                                                               lexical_index=lexical))
+            t0 = time.perf_counter()
+            build_result(run.state, run.settings, timings=run.timings)
+            end = time.perf_counter()
+            timings = dict(run.timings)
+            timings["result"] = (end - t0) * 1000
+            timings["cpu"] = (time.process_time() - cpu) * 1000
+            return (end - start) * 1000, timings
+
+        recorded: dict[str, np.ndarray] = {}
+        with_emb: list[float] = []
+        if local_engine_available():
+            rec = _RecordingEmbedder(LocalEmbedder())
+            rec.embed_query("warm up")
+            for _ in range(2 if repeat > 1 else 1):
+                for k, text in enumerate(QUERIES):
+                    with_emb.append(once(k, text, rec)[0])
+            recorded = rec.vectors
+            out["query_embedding"] = "local"
+        else:
+            out["query_embedding"] = "random"
+        passthrough = _PassThroughEmbedder(LOCAL_MODEL_ID, recorded)
+        for k, text in enumerate(QUERIES):  # warm-up: lazy caches, first-call imports
+            once(k, text, passthrough)
+        totals: list[float] = []
+        stages: dict[str, list[float]] = {}
+        profiler = None
+        if profile:
+            from pyinstrument import Profiler
+
+            profiler = Profiler(interval=0.0005)
+            profiler.start()
+        for _ in range(repeat):
+            for k, text in enumerate(QUERIES):
+                total, timings = once(k, text, passthrough)
+                totals.append(total)
+                for name, ms in timings.items():
+                    stages.setdefault(name, []).append(ms)
+        if profiler is not None:
+            profiler.stop()
+            Path(profile).write_text(profiler.output_text(unicode=True, color=False, show_all=False))
+        pipeline = stages.pop("total", [])
+        cpu = stages.pop("cpu", [])
+        out["total_ms"] = _pct(totals)
+        out["total_ms_with_embedding"] = _pct(with_emb) if with_emb else None
+        out["pipeline_ms"] = _pct(pipeline)
+        out["total_cpu_ms"] = _pct(cpu)
+        out["stages"] = {name: _pct(v) for name, v in stages.items()}
+        matrix_mb = n * DIM * 4 / 2**20
+        out["embedding_matrix_mb"] = round(matrix_mb, 1)
+        out["rss_target_mb"] = round(2.5 * matrix_mb + 200, 1)
+    out["peak_rss_mb"] = round(_peak_rss_mb(), 1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _table(results: Sequence[dict[str, Any]]) -> str:
+    lines = []
+    head = (f"{'nodes':>7} {'p50 ms':>8} {'p95 ms':>8} {'cpu p95':>8} {'+emb p50':>9} {'+emb p95':>9} {'snap ms':>8} "
+            f"{'ingest/s':>9} {'RSS MB':>7} {'RSS max':>7}")
+    lines.append(head)
+    for r in results:
+        emb = r.get("total_ms_with_embedding") or {"p50": float("nan"), "p95": float("nan")}
+        lines.append(
+            f"{r['nodes']:>7} {r['total_ms']['p50']:>8.2f} {r['total_ms']['p95']:>8.2f} "
+            f"{r.get('total_cpu_ms', {}).get('p95', float('nan')):>8.2f} {emb['p50']:>9.2f} "
+            f"{emb['p95']:>9.2f} {r['snapshot_build_ms']:>8.0f} {r['ingest_nodes_per_s']:>9.0f} "
+            f"{r['peak_rss_mb']:>7.0f} {r.get('rss_target_mb', 0):>7.0f}"
+        )
+    names = list(dict.fromkeys(name for r in results for name in r["stages"]))
+    lines.append("")
+    lines.append(f"{'stage p50/p95 ms':<18}" + "".join(f"{r['nodes']:>16}" for r in results))
+    for name in names:
+        cells = []
+        for r in results:
+            s = r["stages"].get(name)
+            cells.append(f"{s['p50']:>7.2f}/{s['p95']:<7.2f}" if s else f"{'-':>15}")
+        lines.append(f"{name:<18}" + " ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point (see the module docstring); returns the exit code."""
+    parser = argparse.ArgumentParser(prog="memory-recall bench", description="Recall benchmark (issue 8).")
+    parser.add_argument("--sizes", default="1000,10000,100000", help="comma-separated node counts")
+    parser.add_argument("--repeat", type=int, default=5, help="passes over the 20 queries per size")
+    parser.add_argument("--out", default="bench.json", help="JSON output path")
+    parser.add_argument("--profile", default="", help="write a pyinstrument text profile of the timed recalls")
+    parser.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)  # worker mode: one size
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.one:
+        json.dump(bench_size(args.one, repeat=args.repeat, profile=args.profile), sys.stdout)
+        return 0
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    results = []
+    for n in sizes:
+        cmd = [sys.executable, "-m", "memory_recall.bench", "--one", str(n), "--repeat", str(args.repeat)]
+        if args.profile:
+            cmd += ["--profile", f"{args.profile}.{n}.txt"]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), check=False)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stderr)
+            return proc.returncode
+        results.append(json.loads(proc.stdout))
+        print(f"# {n} nodes done in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
