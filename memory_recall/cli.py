@@ -317,6 +317,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _passthrough(command: str, argv: list[str]) -> int:
+    """``bench`` and ``eval`` own their argument parsers (and --help)."""
+    if command == "bench":
+        from memory_recall.bench import main as sub_main
+    else:
+        from memory_recall.eval.runner import main as sub_main
+    return int(sub_main(argv) or 0)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from memory_recall.demo import run_demo
 
@@ -380,6 +389,10 @@ def _parser() -> argparse.ArgumentParser:
         if name == "recall":
             p.add_argument("--json", action="store_true", help="print the whole result as JSON")
 
+    # Listed for --help; dispatched before parsing (they own their arguments).
+    sub.add_parser("bench", help="recall benchmark on synthetic graphs (memory-recall bench --help)")
+    sub.add_parser("eval", help="offline recall evaluation: eval locomo PATH … | eval fixtures")
+
     providers = sub.add_parser("providers", help="embedding and LLM providers")
     psub = providers.add_subparsers(dest="providers_command", required=True)
     p = psub.add_parser("check", help="report what is configured and whether each endpoint answers")
@@ -399,8 +412,11 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``memory-recall`` console script."""
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv and argv[0] in ("bench", "eval"):
+            return _passthrough(argv[0], argv[1:])
+        args = _parser().parse_args(argv)
         return int(args.func(args))
     except MemoryRecallError as exc:
         print(f"error: {exc}", file=sys.stderr)

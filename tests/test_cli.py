@@ -158,3 +158,16 @@ class TestRecallCommands:
         code, out, err = run(capsys, "serve", "--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path))
         assert code == 2 and out == ""
         assert err.startswith("error: ") and "MEMORY_RECALL_SERVICE__TOKEN" in err and err.count("\n") == 1
+
+
+def test_bench_writes_the_issue_json_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    code, _, _ = run(capsys, "bench", "--sizes", "300", "--repeat", "1", "--out", str(out))
+    assert code == 0
+    rows = json.loads(out.read_text(encoding="utf-8"))
+    assert [r["nodes"] for r in rows] == [300]
+    row = rows[0]
+    assert set(row["total_ms"]) == {"p50", "p95"} and row["total_ms"]["p50"] <= row["total_ms"]["p95"]
+    assert {"context", "scoring", "result"} <= set(row["stages"])
+    for key in ("snapshot_build_ms", "ingest_nodes_per_s", "peak_rss_mb"):
+        assert isinstance(row[key], float) and row[key] > 0
