@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.pipeline._graph_cache import active_mask, cached
-from memory_recall.pipeline.state import RecallState, StageResult, StageTrace, timed
+from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import AnchorSettings
 from memory_recall.store.snapshot import GraphSnapshot
 from memory_recall.text.mentions import fold, term_at_boundaries
@@ -85,18 +85,13 @@ def find_anchors(snapshot: GraphSnapshot, message: str, active: np.ndarray) -> l
     return anchors
 
 
-class AnchorStage:
+class AnchorStage(TimedStage):
     """Find the entity anchors of the user message (see the module docstring)."""
 
     name = "anchors"
 
     def __init__(self, settings: AnchorSettings) -> None:
         self.settings = settings
-
-    def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
 
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
         base: dict[str, Any] = {"score_kind": "none", "score_direction": "none"}

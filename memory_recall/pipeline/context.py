@@ -80,9 +80,7 @@ from memory_recall.pipeline.state import (
     OwnerCandidate,
     RecallQuery,
     RecallState,
-    StageResult,
-    StageTrace,
-    timed,
+    TimedStage,
 )
 from memory_recall.settings import ContextSettings
 from memory_recall.store.snapshot import GraphSnapshot
@@ -251,29 +249,13 @@ def _owner_text(line: str) -> str:
     return parsed[1] if parsed is not None else line
 
 
-class ContextStage:
+class ContextStage(TimedStage):
     """Resolve the scene context of one recall (see the module docstring)."""
 
     name = "context"
 
     def __init__(self, settings: ContextSettings) -> None:
         self.settings = settings
-
-    def run(self, state: RecallState) -> StageResult:
-        snap = state.snapshot
-        if (
-            snap.n == 0
-            and not snap.knowledge.owner_keys
-            and not snap.regions.adjacency_map
-            and not snap.timeline.segments
-            and not state.query.user_message.strip()
-            and not state.query.recent_lines
-        ):
-            # Nothing at all to resolve against: no graph, no state, no text (the runner returns §3.4's result).
-            return StageResult(state, StageTrace(name=self.name, skipped=True, skip_reason="empty-input"))
-        with timed() as elapsed:
-            new_state, fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
 
     # -- owners ----------------------------------------------------------------------------------------------
 
@@ -382,6 +364,16 @@ class ContextStage:
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
         snap = state.snapshot
         q = state.query
+        if (
+            snap.n == 0
+            and not snap.knowledge.owner_keys
+            and not snap.regions.adjacency_map
+            and not snap.timeline.segments
+            and not q.user_message.strip()
+            and not q.recent_lines
+        ):
+            # Nothing at all to resolve against: no graph, no state, no text (the runner returns §3.4's result).
+            return state, {"skipped": True, "skip_reason": "empty-input"}
         ka = snap.knowledge
         history = snap.history
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.pipeline._graph_cache import active_mask
-from memory_recall.pipeline.state import Providers, RecallState, StageResult, StageTrace, timed
+from memory_recall.pipeline.state import Providers, RecallState, TimedStage
 from memory_recall.settings import LexicalSettings
 from memory_recall.text.tokenize import query_terms
 
@@ -59,7 +59,7 @@ def bm25_query_terms(sources: Sequence[str], max_terms: int) -> list[str]:
     return list(seen)
 
 
-class LexicalStage:
+class LexicalStage(TimedStage):
     """Query the BM25 index with the plan's lexical sources (see the module docstring)."""
 
     name = "lexical"
@@ -67,11 +67,6 @@ class LexicalStage:
     def __init__(self, settings: LexicalSettings, providers: Providers) -> None:
         self.settings = settings
         self.providers = providers
-
-    def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
 
     @staticmethod
     def _skip(

@@ -70,7 +70,12 @@ from memory_recall.errors import LLMUnavailable, StrictModeViolation
 from memory_recall.model.graph import DEFAULT_SCHEMA, Node, describe_memory_scope
 from memory_recall.pipeline._admission import rows_of
 from memory_recall.pipeline.owners import owner_base_key, scene_owner_candidates
-from memory_recall.pipeline.state import OwnerCandidate, Providers, RecallState, StageResult, StageTrace, timed
+from memory_recall.pipeline.state import (
+    OwnerCandidate,
+    Providers,
+    RecallState,
+    TimedStage,
+)
 from memory_recall.providers.llm import RerankAnswer, build_rerank_messages, parse_rerank_answer
 from memory_recall.settings import LLMSettings, RerankSettings, SelectionSettings
 from memory_recall.text.mentions import fold
@@ -228,7 +233,7 @@ def _resolve_owner(value: Any, candidates: Sequence[OwnerCandidate], aliases: di
     return ""
 
 
-class RerankStage:
+class RerankStage(TimedStage):
     """One LLM call that picks the memories from the candidate pool (see the module docstring).
 
     Usage: ``RerankStage(settings.rerank, settings.selection, providers, settings.llm).run(state)``.
@@ -247,11 +252,6 @@ class RerankStage:
         self.selection = selection
         self.providers = providers
         self.llm_settings = llm_settings
-
-    def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
 
     # -- meta ------------------------------------------------------------------------------------------------
 

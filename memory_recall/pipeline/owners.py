@@ -85,9 +85,7 @@ from memory_recall.pipeline.scoring import scope_buckets, temporal_director
 from memory_recall.pipeline.state import (
     OwnerCandidate,
     RecallState,
-    StageResult,
-    StageTrace,
-    timed,
+    TimedStage,
 )
 from memory_recall.settings import ContextSettings, OwnerSettings, ScoringSettings, SelectionSettings
 from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot
@@ -277,7 +275,7 @@ def _unique(seq: Sequence[int]) -> list[int]:
     return out
 
 
-class OwnerStage:
+class OwnerStage(TimedStage):
     """Final scene owners, owner-POV augmentation and scene reconstruction (see the module docstring).
 
     Usage: ``OwnerStage(settings.owners, settings.selection, settings.context, settings.scoring).run(state)``.
@@ -296,11 +294,6 @@ class OwnerStage:
         self.selection = selection
         self.context = context
         self.scoring = scoring
-
-    def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
 
     # -- helpers ---------------------------------------------------------------------------------------------
 

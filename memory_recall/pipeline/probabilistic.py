@@ -54,7 +54,7 @@ import numpy as np
 
 from memory_recall.pipeline._admission import admissible
 from memory_recall.pipeline._graph_cache import active_mask, hidden_mask
-from memory_recall.pipeline.state import RecallState, StageResult, StageTrace, timed
+from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import ContextSettings, ProbabilisticSettings, ScoringSettings, SelectionSettings
 
 __all__ = ["ProbabilisticStage", "recall_seed"]
@@ -76,7 +76,7 @@ def recall_seed(chat_id: str, user_floor: int | None, graph_version: int) -> int
     return int.from_bytes(digest[:8], "big")
 
 
-class ProbabilisticStage:
+class ProbabilisticStage(TimedStage):
     """Seeded probabilistic recall inside reserved slots (see the module docstring).
 
     Usage: ``ProbabilisticStage(settings.probabilistic, settings.selection, settings.context,
@@ -96,11 +96,6 @@ class ProbabilisticStage:
         self.selection = selection
         self.context = context
         self.scoring = scoring
-
-    def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
 
     def _candidates(self, state: RecallState) -> np.ndarray:
         """Up to 3 eligible node indices, importance desc then node id."""

@@ -47,7 +47,7 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
-from memory_recall.pipeline.state import BlendPart, QueryPlan, RecallState, StageResult, StageTrace, timed
+from memory_recall.pipeline.state import BlendPart, QueryPlan, RecallState, TimedStage
 from memory_recall.settings import QueryPlanSettings
 from memory_recall.text.intent import lexical_query_sources, split_intent_segments
 from memory_recall.text.normalize import cut_js, js_len, normalize_query, unique_queries
@@ -189,18 +189,13 @@ def build_vector_queries(
     return tuple(merged)
 
 
-class QueryPlanStage:
+class QueryPlanStage(TimedStage):
     """Build the query plan of one recall (see the module docstring)."""
 
     name = "query_plan"
 
     def __init__(self, settings: QueryPlanSettings) -> None:
         self.settings = settings
-
-    def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
 
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
         s = self.settings

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from memory_recall.pipeline.state import RecallState, StageResult, StageTrace, timed
+from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import ReinforcementSettings
 
 __all__ = ["ReinforcementStage"]
 
 
-class ReinforcementStage:
+class ReinforcementStage(TimedStage):
     """Name the nodes to reinforce (see the module docstring).
 
     Usage: ``ReinforcementStage(settings.reinforcement).run(state)``.
@@ -42,11 +42,6 @@ class ReinforcementStage:
 
     def __init__(self, settings: ReinforcementSettings) -> None:
         self.settings = settings
-
-    def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
 
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
         base: dict[str, Any] = {"score_kind": "none", "score_direction": "none", "count_in": len(state.selection)}

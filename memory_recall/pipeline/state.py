@@ -322,3 +322,22 @@ class Providers:
     llm: Any = None
     lexical_index: Any = None
     strict: bool = False
+
+
+class TimedStage:
+    """Base of stages whose ``run`` is "time :meth:`_run`, then wrap the fields it returns in a trace".
+
+    Subclasses set ``name`` and implement ``_run(state) -> (new_state, trace_fields)``; ``trace_fields`` are the
+    :class:`StageTrace` keyword arguments other than ``name`` and ``elapsed_ms`` (counts, score kind and
+    direction, ``skipped``/``skip_reason``, notes).
+    """
+
+    name: str = ""
+
+    def run(self, state: RecallState) -> StageResult:
+        with timed() as elapsed:
+            new_state, fields = self._run(state)
+        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
+
+    def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
+        raise NotImplementedError

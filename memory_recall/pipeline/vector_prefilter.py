@@ -49,10 +49,8 @@ from memory_recall.pipeline.state import (
     EMPTY_INDEX,
     Providers,
     RecallState,
-    StageResult,
-    StageTrace,
+    TimedStage,
     VectorStatus,
-    timed,
 )
 from memory_recall.settings import SelectionSettings, VectorSettings
 
@@ -111,7 +109,7 @@ def merge_vector_hits(
     return idx[final], weighted[final], raw[final], raw_count
 
 
-class VectorPrefilterStage:
+class VectorPrefilterStage(TimedStage):
     """Embed the plan's queries and find the most similar active nodes (see the module docstring)."""
 
     name = "vector_prefilter"
@@ -120,11 +118,6 @@ class VectorPrefilterStage:
         self.settings = settings
         self.selection = selection
         self.providers = providers
-
-    def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
 
     def _skip(
         self,

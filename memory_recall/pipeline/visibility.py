@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.pipeline._graph_cache import cached
-from memory_recall.pipeline.state import RecallState, StageResult, StageTrace, timed
+from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import VisibilitySettings
 from memory_recall.store.snapshot import GraphSnapshot
 
@@ -91,18 +91,13 @@ def visibility_hidden(snapshot: GraphSnapshot, name: str) -> np.ndarray:
     return index.restricted & ~allowed & ~snapshot.archived
 
 
-class VisibilityStage:
+class VisibilityStage(TimedStage):
     """Compute the active node set of one recall (see the module docstring)."""
 
     name = "visibility"
 
     def __init__(self, settings: VisibilitySettings) -> None:
         self.settings = settings
-
-    def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
 
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
         snap = state.snapshot
