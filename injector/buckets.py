@@ -32,14 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memory_recall.model.graph import NodeTypeSpec
+from memory_recall.settings import InjectorHeadings
 
 from .tables import node_id, node_type, scope_owner, story_span_label
 
 __all__ = [
-    "CHARACTER_POV_HEADING",
     "LEGACY_GROUPS",
     "SECTION_PRIORITY",
-    "USER_POV_NOTE",
     "SectionPlan",
     "SummaryItem",
     "TablePlan",
@@ -48,14 +47,7 @@ __all__ = [
     "summary_header",
 ]
 
-SUMMARY_HEADING = "[Summary - Active Frontier]"
-CHARACTER_POV_HEADING = "[Memory - Character POV]"
-USER_POV_HEADING = "[Memory - User POV / Not Character Facts]"
-USER_POV_NOTE = "这些是用户/玩家侧主观记忆，不等于角色已知事实；只能作为关系、承诺、情绪和长期互动背景参考。"
-CURRENT_REGION_HEADING = "[Memory - Objective / Current Region]"
-GLOBAL_HEADING = "[Memory - Objective / Global]"
-CORE_HEADING = "[Memory - Core]"
-RECALLED_HEADING = "[Memory - Recalled]"
+# Headings and the user-POV note are settings (InjectorSettings.headings); their defaults are the reference's text.
 UNNAMED_CHARACTER = "未命名角色"
 
 #: Legacy ``[Memory - Recalled]`` groups, in print order; ``other`` takes every remaining type (reference §4.1).
@@ -65,7 +57,6 @@ LEGACY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("## 反思与长期锚点", ("reflection", "synopsis")),
     ("## 规则与约束", ("rule",)),
 )
-OTHER_GROUP = "## 其他关联记忆"
 
 #: Budget priority of each section (higher is kept longer, recall-spec departure 5). Scoped sections follow the
 #: reference's bucket priorities (§1.4: characterPov 5 > userPov 4 > currentRegion 3 > global 1); the summary
@@ -193,6 +184,7 @@ def plan_sections(
     recall_nodes: Sequence[dict[str, Any]],
     owner_labels: Mapping[str, str],
     schema: Sequence[NodeTypeSpec],
+    headings: InjectorHeadings | None = None,
 ) -> tuple[list[SectionPlan], list[str]]:
     """The block's sections (see the module docstring) and the ids of nodes of unknown types, in plan order.
 
@@ -200,11 +192,12 @@ def plan_sections(
     ``characterPovOwnerOrder``, ``userPov``, ``objectiveCurrentRegion``, ``objectiveGlobal``); ``None`` means no
     scoped layout at all (straight to the legacy layout).
     """
+    h = headings or InjectorHeadings()
     planner = _Planner(schema={s.id: s for s in schema})
     sections: list[SectionPlan] = []
     items = summary_items(summary_entries)
     if items:
-        sections.append(SectionPlan(section="summary", heading=SUMMARY_HEADING, summary=tuple(items)))
+        sections.append(SectionPlan(section="summary", heading=h.summary, summary=tuple(items)))
     if scope_buckets is not None:
         by_owner: Mapping[str, Sequence[dict[str, Any]]] = scope_buckets.get("characterPovByOwner") or {}
         order = list(scope_buckets.get("characterPovOwnerOrder") or [])
@@ -214,16 +207,16 @@ def plan_sections(
                 if nodes:
                     sections.append(SectionPlan(
                         section="character_pov",
-                        heading=f"[Memory - Character POV: {owner_label(key, nodes, owner_labels)}]",
+                        heading=h.character_pov_owner.format(owner=owner_label(key, nodes, owner_labels)),
                         owner_key=key, tables=tuple(planner.tables(nodes)),
                     ))
         elif scope_buckets.get("characterPov"):
-            sections.append(SectionPlan(section="character_pov", heading=CHARACTER_POV_HEADING,
+            sections.append(SectionPlan(section="character_pov", heading=h.character_pov,
                                         tables=tuple(planner.tables(scope_buckets["characterPov"]))))
         for section, heading, key, note in (
-            ("user_pov", USER_POV_HEADING, "userPov", USER_POV_NOTE),
-            ("objective_current_region", CURRENT_REGION_HEADING, "objectiveCurrentRegion", ""),
-            ("objective_global", GLOBAL_HEADING, "objectiveGlobal", ""),
+            ("user_pov", h.user_pov, "userPov", h.user_pov_note),
+            ("objective_current_region", h.objective_current_region, "objectiveCurrentRegion", ""),
+            ("objective_global", h.objective_global, "objectiveGlobal", ""),
         ):
             nodes = list(scope_buckets.get(key) or [])
             if nodes:
@@ -232,17 +225,19 @@ def plan_sections(
     if sections:
         return sections, planner.unknown
     if core_nodes:
-        sections.append(SectionPlan(section="core", heading=CORE_HEADING, tables=tuple(planner.tables(core_nodes))))
+        sections.append(SectionPlan(section="core", heading=h.core, tables=tuple(planner.tables(core_nodes))))
     if recall_nodes:
         tables: list[TablePlan] = []
         headings: list[str] = []
+        group_names = (h.group_state, h.group_episodic, h.group_reflective, h.group_rule)
         known = {t for _, types in LEGACY_GROUPS for t in types}
-        groups = [*LEGACY_GROUPS, (OTHER_GROUP, ())]
+        groups = [*((name, types) for name, (_, types) in zip(group_names, LEGACY_GROUPS, strict=True)),
+                  (h.group_other, ())]
         for heading, types in groups:
             members = [n for n in recall_nodes if (node_type(n) in types if types else node_type(n) not in known)]
             if members:
                 headings.append(heading)
                 tables.extend(planner.tables(members, heading))
-        sections.append(SectionPlan(section="recalled", heading=RECALLED_HEADING, tables=tuple(tables),
+        sections.append(SectionPlan(section="recalled", heading=h.recalled, tables=tuple(tables),
                                     group_headings=tuple(headings)))
     return sections, planner.unknown

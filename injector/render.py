@@ -247,6 +247,7 @@ def render_parts(
         recall_nodes=recall,
         owner_labels=owner_labels or {},
         schema=schema,
+        headings=s.headings,
     )
     section_of: dict[str, str] = {}
     for plan in plans:

@@ -3,7 +3,8 @@
 Load order (later wins): defaults of the chosen profile < TOML file < environment (``MEMORY_RECALL_`` prefix,
 ``__`` between section and key, e.g. ``MEMORY_RECALL_DIFFUSION__DECAY=0.5``) < explicit overrides. Two
 profiles reproduce the reference's two default columns (stbme-reference §5.1): ``"app"`` (what a normal recall
-uses) and ``"fallback"`` (what ``retrieve()`` uses when an option is absent).
+uses) and ``"fallback"`` (what ``retrieve()`` uses when an option is absent); ``"transcript"`` is tuned for
+long raw chat transcripts (LoCoMo, issue 7).
 
 A stage receives only its own section. Per-request overrides go through :meth:`RecallSettings.with_overrides`,
 which validates them and returns a new object; settings are never mutated.
@@ -16,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from memory_recall.errors import ConfigError
@@ -162,6 +163,8 @@ class LexicalSettings(BaseModel):
     enable_bm25: bool = True
     bm25_top_k: int = Field(default=30, ge=1, le=1000)
     bm25_max_terms: int = Field(default=64, ge=1, le=64)
+    # Scale of the reference field match before it is max-combined with BM25 (1 = the reference).
+    field_match_weight: float = Field(default=1.0, ge=0, le=1)
 
 
 class AnchorSettings(BaseModel):
@@ -297,11 +300,50 @@ class ProbabilisticSettings(BaseModel):
     min_importance: float = Field(default=6.0, ge=0, le=10)
 
 
+class InjectorHeadings(BaseModel):
+    """Headings and fixed lines of the injection block; the defaults are the reference's text (§4.1).
+
+    ``character_pov_owner`` is formatted with ``{owner}`` (the owner's label).
+    """
+
+    model_config = _Section
+
+    summary: str = Field(default="[Summary - Active Frontier]", max_length=500)
+    character_pov: str = Field(default="[Memory - Character POV]", max_length=500)
+    character_pov_owner: str = Field(default="[Memory - Character POV: {owner}]", max_length=500)
+    user_pov: str = Field(default="[Memory - User POV / Not Character Facts]", max_length=500)
+    user_pov_note: str = Field(
+        default="这些是用户/玩家侧主观记忆，不等于角色已知事实；只能作为关系、承诺、情绪和长期互动背景参考。",
+        max_length=2000,
+    )
+    objective_current_region: str = Field(default="[Memory - Objective / Current Region]", max_length=500)
+    objective_global: str = Field(default="[Memory - Objective / Global]", max_length=500)
+    core: str = Field(default="[Memory - Core]", max_length=500)
+    recalled: str = Field(default="[Memory - Recalled]", max_length=500)
+    group_state: str = Field(default="## 当前状态记忆", max_length=500)
+    group_episodic: str = Field(default="## 情景事件记忆", max_length=500)
+    group_reflective: str = Field(default="## 反思与长期锚点", max_length=500)
+    group_rule: str = Field(default="## 规则与约束", max_length=500)
+    group_other: str = Field(default="## 其他关联记忆", max_length=500)
+
+    @field_validator("character_pov_owner")
+    @classmethod
+    def _has_owner_slot(cls, value: str) -> str:
+        if "{owner}" not in value:
+            raise ValueError("must contain '{owner}'")
+        try:
+            value.format(owner="x")
+        except (IndexError, KeyError, ValueError) as exc:
+            raise ValueError(f"not a valid format string: {exc}") from None
+        return value
+
+
 class InjectorSettings(BaseModel):
     """Injection block (reference §4, recall-spec departure 5)."""
 
     model_config = _Section
 
+    headings: InjectorHeadings = Field(default_factory=InjectorHeadings)
     inject_user_pov_memory: bool = True
     inject_objective_global_memory: bool = True
     inject_story_time_label: bool = True
@@ -352,6 +394,16 @@ _PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "visibility": {"enabled": False},
         "cross_recall": {"enabled": False},
     },
+    # Long chat transcripts without extracted memories (every turn a ``message`` node, speakers as hubs): tuned on
+    # the LoCoMo dev split (issue 7; figures in the eval report). Vector and BM25 evidence carry the score
+    # (the e5 cosines of turns differ by a few hundredths, so the vector weight is 10× the reference's), the
+    # field match is halved (a speaker's name matches every turn they spoke), speaker hubs are damped,
+    # neighbouring turns share more energy, and the time decay is off (questions ask about any session).
+    "transcript": {
+        "scoring": {"vector_weight": 3.0, "time_decay": False},
+        "lexical": {"lexical_weight": 3.0, "bm25_top_k": 100, "field_match_weight": 0.5},
+        "diffusion": {"hub_degree_threshold": 8, "temporal_link_strength": 0.5},
+    },
 }
 
 
@@ -365,7 +417,7 @@ class RecallSettings(BaseSettings):
         frozen=True,
     )
 
-    profile: Literal["app", "fallback"] = "app"
+    profile: Literal["app", "fallback", "transcript"] = "app"
     store: StoreSettings = Field(default_factory=StoreSettings)
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)

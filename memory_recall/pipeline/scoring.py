@@ -718,6 +718,7 @@ class ScoringStage:
                 secondary = [t for key in SECONDARY_LEXICAL_FIELDS for t in node.field_text(key)]
                 if primary or secondary:
                     field_match[r] = lexical_score(primary, secondary, prepared)
+        field_match = field_match * float(self.lexical.field_match_weight)
         if self.lexical.enable_bm25:
             return np.maximum(field_match, np.clip(bm25, 0.0, 1.0))
         return field_match

@@ -295,3 +295,49 @@ class TestPipelineEndToEnd:
         assert not set(printed) & set(result.meta["retrieval"].get("gate_suppressed", []))
         assert inj.char_count <= max_chars
         assert inj == render(result, RecallSettings(injector={"max_chars": max_chars}))
+
+
+class TestConfigurableHeadings:
+    """Headings are settings; the defaults reproduce the reference text (the goldens above), others replace it."""
+
+    def test_english_headings_replace_every_reference_line(self):
+        from memory_recall.settings import RecallSettings
+
+        settings = RecallSettings().with_overrides({"injector": {"headings": {
+            "summary": "[Story so far]", "character_pov_owner": "[What {owner} remembers]",
+            "user_pov": "[Player's view]", "user_pov_note": "Not known to the characters.",
+            "objective_current_region": "[Here]", "objective_global": "[Elsewhere]",
+        }}}).injector
+        ex = reference_example()
+        inj = render_parts(
+            summary_entries=[ex["summary"]],
+            scope_buckets={
+                "characterPovByOwner": {"character:艾琳": [ex["char"]]},
+                "characterPovOwnerOrder": ["character:艾琳"],
+                "userPov": [ex["user"]],
+                "objectiveCurrentRegion": [ex["event"]],
+                "objectiveGlobal": [ex["synopsis"]],
+            },
+            owner_labels={"character:艾琳": "艾琳"},
+            settings=settings,
+        )
+        expected = golden("reference_4_3.txt")
+        for old, new in (
+            ("[Summary - Active Frontier]", "[Story so far]"),
+            ("[Memory - Character POV: 艾琳]", "[What 艾琳 remembers]"),
+            ("[Memory - User POV / Not Character Facts]", "[Player's view]"),
+            ("这些是用户/玩家侧主观记忆，不等于角色已知事实；只能作为关系、承诺、情绪和长期互动背景参考。",
+             "Not known to the characters."),
+            ("[Memory - Objective / Current Region]", "[Here]"),
+            ("[Memory - Objective / Global]", "[Elsewhere]"),
+        ):
+            assert old in expected
+            expected = expected.replace(old, new)
+        assert inj.text == expected
+
+    def test_owner_heading_needs_its_slot(self):
+        from memory_recall.errors import ConfigError
+        from memory_recall.settings import RecallSettings
+
+        with pytest.raises(ConfigError, match="must contain '\\{owner\\}'"):
+            RecallSettings().with_overrides({"injector": {"headings": {"character_pov_owner": "[POV]"}}})
