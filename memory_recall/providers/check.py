@@ -154,7 +154,8 @@ def _probe_llm(
     try:
         with httpx.Client(transport=transport, headers=headers) as client:
             response = client.get(models_url, timeout=httpx.Timeout(deadline_s, connect=min(3.0, deadline_s)))
-    except httpx.TimeoutException as exc:
+    except httpx.TransportError as exc:  # TimeoutException is a TransportError
+        timed_out = isinstance(exc, httpx.TimeoutException)
         return ProviderStatus(
             "llm",
             "openai",
@@ -163,20 +164,8 @@ def _probe_llm(
             model_id=llm.model,
             endpoint=models_url,
             latency_ms=(time.perf_counter() - start) * 1000,
-            failure_category="timeout",
-            detail=f"{type(exc).__name__} within {deadline_s:g}s",
-        )
-    except httpx.TransportError as exc:
-        return ProviderStatus(
-            "llm",
-            "openai",
-            True,
-            False,
-            model_id=llm.model,
-            endpoint=models_url,
-            latency_ms=(time.perf_counter() - start) * 1000,
-            failure_category="connect",
-            detail=f"{type(exc).__name__}: {exc}",
+            failure_category="timeout" if timed_out else "connect",
+            detail=f"{type(exc).__name__} within {deadline_s:g}s" if timed_out else f"{type(exc).__name__}: {exc}",
         )
     if 200 <= response.status_code < 300:
         latency = (time.perf_counter() - start) * 1000
