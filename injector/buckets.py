@@ -228,7 +228,7 @@ def plan_sections(
         sections.append(SectionPlan(section="core", heading=h.core, tables=tuple(planner.tables(core_nodes))))
     if recall_nodes:
         tables: list[TablePlan] = []
-        headings: list[str] = []
+        group_titles: list[str] = []
         group_names = (h.group_state, h.group_episodic, h.group_reflective, h.group_rule)
         known = {t for _, types in LEGACY_GROUPS for t in types}
         groups = [*((name, types) for name, (_, types) in zip(group_names, LEGACY_GROUPS, strict=True)),
@@ -236,8 +236,8 @@ def plan_sections(
         for heading, types in groups:
             members = [n for n in recall_nodes if (node_type(n) in types if types else node_type(n) not in known)]
             if members:
-                headings.append(heading)
+                group_titles.append(heading)
                 tables.extend(planner.tables(members, heading))
         sections.append(SectionPlan(section="recalled", heading=h.recalled, tables=tuple(tables),
-                                    group_headings=tuple(headings)))
+                                    group_headings=tuple(group_titles)))
     return sections, planner.unknown

@@ -202,7 +202,7 @@ def cmd_providers_check(args: argparse.Namespace) -> int:
 
     statuses = check_providers(_settings(args))
     for status in statuses:
-        print(status.describe())
+        print(status.line())
     return 0
 
 
@@ -216,7 +216,7 @@ def _recent_messages(lines: Sequence[str], text: str) -> list[Any]:
         role = role.strip().strip("[]").lower()
         if role not in ("user", "assistant") or not body.strip():
             raise InputError(f"--recent[{floor}]", "expected '[user]: text' or '[assistant]: text'")
-        out.append(ChatMessage(floor=floor, role=role, text=body.strip()))
+        out.append(ChatMessage(floor=floor, role="user" if role == "user" else "assistant", text=body.strip()))
     out.append(ChatMessage(floor=len(lines), role="user", text=text))
     return out
 

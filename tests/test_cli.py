@@ -171,3 +171,14 @@ def test_bench_writes_the_issue_json_shape(tmp_path: Path, capsys: pytest.Captur
     assert {"context", "scoring", "result"} <= set(row["stages"])
     for key in ("snapshot_build_ms", "ingest_nodes_per_s", "peak_rss_mb"):
         assert isinstance(row[key], float) and row[key] > 0
+
+
+def test_providers_check_reports_each_provider(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "settings.toml"
+    config.write_text('[embedding]\nprovider = "local"\n', encoding="utf-8")
+    code, out, _ = run(capsys, "providers", "check", "--config", str(config))
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 2
+    assert lines[0].split()[:4] == ["embedding", "local", "ok", "local:multilingual-e5-small-q4"]
+    assert lines[0].endswith("384 dimensions")
+    assert lines[1].split()[:4] == ["llm", "none", "not", "configured"]

@@ -448,7 +448,7 @@ def run_fixtures(
                                                                                       strict=True)]))
         for k in ks
     }
-    per_question = [
+    per_question: list[dict[str, Any]] = [
         {
             "id": q.qid,
             "recall": {str(k): recall_at_k(o.ranked, q.relevant, k) for k in ks},
