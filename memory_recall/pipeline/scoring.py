@@ -41,7 +41,12 @@ Invariants
       gate is O(owners × candidates) (reference §7 item 22 was O(owners² × N) per call).
 Settings
     ``ScoringSettings`` (graph/vector/importance weights, bucket weights, ``inject_low_confidence_objective_
-    memory``), ``LexicalSettings`` (``enable_lexical_boost``, ``lexical_weight``, ``enable_bm25``),
+    memory``, ``fusion``: ``"rrf"`` feeds the hybrid score the reciprocal-rank values of the vector and lexical
+    scores, :func:`rank_fusion_values`, instead of the scores; ``neighbour_carry`` > 0 first raises each
+    candidate's vector and lexical scores to that share of its prev/next chain neighbours',
+    :func:`neighbour_carry_values`; with either on, the table's ``vector_score`` / ``lexical_score`` (and the
+    lexical meta) hold the values the hybrid score used, while the knowledge gate still sees the scores),
+    ``LexicalSettings`` (``enable_lexical_boost``, ``lexical_weight``, ``enable_bm25``),
     ``ContextSettings`` (``enable_scoped_memory``, ``enable_pov_memory``, ``enable_region_scoped_objective``,
     ``enable_cognitive_memory``, ``enable_story_timeline``, ``story_time_soft_directing``).
 Skip reasons
@@ -91,6 +96,7 @@ __all__ = [
     "GATE_MODES",
     "KNOWLEDGE_GATE_MODE",
     "OTHER_POV_WEIGHT",
+    "RRF_K",
     "SCOPE_BUCKETS",
     "SCOPE_PRIORITY",
     "TEMPORAL_BUCKETS",
@@ -102,6 +108,8 @@ __all__ = [
     "explain_row",
     "knowledge_gate",
     "node_label",
+    "neighbour_carry_values",
+    "rank_fusion_values",
     "resolve_owner_rows",
     "scope_buckets",
     "take_rows",
@@ -175,6 +183,8 @@ _TENSE_FLASHBACK = TENSE_CODE["flashback"]
 
 _SCORE_KIND = "weighted_score"
 _PART_NAMES = ("graph", "vector", "lexical", "importance")
+#: Reciprocal-rank constant of ``ScoringSettings.fusion = "rrf"`` (the usual k = 60).
+RRF_K = 60
 
 
 # --- per-snapshot arrays (built once per snapshot, cached with it: departure 11) ----------------------------
@@ -630,6 +640,43 @@ def _column(values: np.ndarray, m: int) -> np.ndarray:
     return np.where(np.isfinite(arr), arr, 0.0)
 
 
+def rank_fusion_values(scores: np.ndarray, id_rank: np.ndarray, k: int = RRF_K) -> np.ndarray:
+    """Reciprocal-rank values ``(k + 1) / (k + rank)`` of ``scores`` (rank 1 = the highest score, ties by
+    ``id_rank``), so the best row gets 1; rows with a score ≤ 0 (or non-finite) get 0.
+
+    >>> rank_fusion_values(np.array([0.2, 0.9, 0.0, 0.5]), np.arange(4)).round(4).tolist()
+    [0.9683, 1.0, 0.0, 0.9839]
+    """
+    s = np.where(np.isfinite(scores), scores, 0.0)
+    out = np.zeros(s.size)
+    order = np.lexsort((id_rank, -s))
+    order = order[s[order] > 0]
+    out[order] = (k + 1) / (k + np.arange(1, order.size + 1, dtype=np.float64))
+    return out
+
+
+def neighbour_carry_values(
+    scores: np.ndarray, idx: np.ndarray, prev_index: np.ndarray, next_index: np.ndarray, carry: float
+) -> np.ndarray:
+    """``max(score, carry × score of the prev/next chain neighbour)`` per candidate row (neighbours outside
+    the candidates count as 0; non-finite scores as 0).
+
+    >>> neighbour_carry_values(np.array([0.8, 0.1, 0.4]), np.array([0, 1, 5]),
+    ...                        np.array([-1, 0, 1, 2, 3, 4]), np.array([1, 2, 3, 4, 5, -1]), 0.5).tolist()
+    [0.8, 0.4, 0.4]
+    """
+    s = np.where(np.isfinite(scores), scores, 0.0)
+    n = prev_index.size
+    full = np.zeros(n + 1)  # slot n = "no neighbour"
+    full[idx] = s
+    out = s.copy()
+    for neighbour in (prev_index, next_index):
+        nb = neighbour[idx]
+        nb = np.where((nb >= 0) & (nb < n), nb, n)
+        out = np.maximum(out, carry * full[nb])
+    return out
+
+
 def explain_row(
     snapshot: GraphSnapshot,
     table: ScoredTable,
@@ -759,10 +806,18 @@ class ScoringStage:
 
         lexical = self._lexical(state, idx, bm25)
         delta = float(self.lexical.lexical_weight) if self.lexical.enable_lexical_boost else 0.0
+        fused_vector, fused_lexical = vector, lexical
+        carry = float(self.settings.neighbour_carry)
+        if carry > 0.0:
+            fused_vector = neighbour_carry_values(fused_vector, idx, snap.prev_index, snap.next_index, carry)
+            fused_lexical = neighbour_carry_values(fused_lexical, idx, snap.prev_index, snap.next_index, carry)
+        if self.settings.fusion == "rrf":
+            fused_vector = rank_fusion_values(fused_vector, snap.id_rank[idx])
+            fused_lexical = rank_fusion_values(fused_lexical, snap.id_rank[idx])
         hp = hybrid_score(
             graph,
-            vector,
-            lexical,
+            fused_vector,
+            fused_lexical,
             snap.importance[idx],
             snap.created_time[idx] if self.settings.time_decay else np.full(m, np.nan),  # NaN → decay 1.0
             float(state.query.now_ms),
@@ -834,8 +889,8 @@ class ScoringStage:
             final_score=hp.score[kept].copy(),
             weighted_score=weighted[kept].copy(),
             graph_score=graph[kept].copy(),
-            vector_score=vector[kept].copy(),
-            lexical_score=lexical[kept].copy(),
+            vector_score=fused_vector[kept].copy(),
+            lexical_score=fused_lexical[kept].copy(),
             parts=parts[kept].copy(),
             decay=hp.decay[kept].copy(),
             scope_bucket=tuple(buckets[kept].tolist()),

@@ -36,6 +36,8 @@ from memory_recall.pipeline.scoring import (
     ScoringStage,
     explain_row,
     knowledge_gate,
+    neighbour_carry_values,
+    rank_fusion_values,
     resolve_owner_rows,
     scope_buckets,
     temporal_director,
@@ -691,6 +693,79 @@ class TestExplanation:
             )
         }
         assert lengths == {len(table)}
+
+
+class TestFusionAndNeighbourCarry:
+    """``ScoringSettings.fusion = "rrf"`` and ``neighbour_carry`` (off by default; the transcript profile sets
+    the carry)."""
+
+    @staticmethod
+    def _chain():
+        nodes = [
+            make_node(f"t{i}", "event", seq=i + 1, summary=f"turn {i}").model_copy(
+                update={"prev_id": f"t{i - 1}" if i > 0 else None, "next_id": f"t{i + 1}" if i < 3 else None}
+            )
+            for i in range(4)
+        ]
+        return make_snapshot(make_graph(nodes))
+
+    def test_rank_fusion_values(self) -> None:
+        got = rank_fusion_values(np.array([0.2, 0.9, 0.0, 0.5, np.nan]), np.arange(5))
+        np.testing.assert_allclose(got, [61 / 63, 1.0, 0.0, 61 / 62, 0.0])
+        tie = rank_fusion_values(np.array([0.5, 0.5]), np.array([1, 0]))
+        np.testing.assert_allclose(tie, [61 / 62, 1.0])
+
+    def test_neighbour_carry_values(self) -> None:
+        prev = np.array([-1, 0, 1, 2])
+        nxt = np.array([1, 2, 3, -1])
+        got = neighbour_carry_values(np.array([0.0, 1.0, 0.1]), np.array([0, 1, 3]), prev, nxt, 0.5)
+        np.testing.assert_allclose(got, [0.5, 1.0, 0.1])  # t2 (the neighbour of t3) is no candidate
+
+    def test_defaults_are_the_reference(self) -> None:
+        cfg = settings()
+        assert cfg.scoring.fusion == "hybrid" and cfg.scoring.neighbour_carry == 0.0
+
+    def test_transcript_profile_sets_the_carry(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from memory_recall.settings import load_settings
+
+        monkeypatch.delenv("MEMORY_RECALL_SCORING__NEIGHBOUR_CARRY", raising=False)
+        monkeypatch.delenv("MEMORY_RECALL_CONFIG", raising=False)
+        cfg = load_settings(profile="transcript")
+        assert cfg.scoring.neighbour_carry == 0.8 and cfg.scoring.fusion == "hybrid"
+
+    def test_carry_lifts_the_reply_turn_and_parts_add_up(self) -> None:
+        snap = self._chain()
+        cands = candidates_for(snap, vector={"t1": 0.8}, bm25={"t1": 1.0})
+        state = make_state(snap, "zzz", candidates=cands)
+        plain = run_scoring(state).state.scored
+        cfg = settings(scoring={"neighbour_carry": 0.5})
+        table = run_scoring(state, cfg).state.scored
+        assert ids_of(snap, plain.index)[0] == "t1"
+        order = ids_of(snap, table.index)
+        assert order[0] == "t1" and set(order[1:3]) == {"t0", "t2"}
+        row = order.index("t2")
+        assert table.vector_score[row] == pytest.approx(0.4) and table.lexical_score[row] == pytest.approx(0.5)
+        for r in range(len(table)):
+            exp = explain_row(snap, table, r, cfg.scoring, cfg.lexical)
+            assert exp.total() == table.weighted_score[r]
+            for part in exp.parts:
+                assert part.value * part.weight == pytest.approx(part.contribution, rel=1e-12, abs=1e-15)
+
+    @pytest.mark.parametrize("carry", [0.0, 0.75])
+    def test_rrf_fusion_parts_add_up(self, carry: float) -> None:
+        snap = self._chain()
+        cands = candidates_for(
+            snap, graph={"t3": 0.4}, vector={"t0": 0.9, "t1": 0.3}, bm25={"t1": 0.2, "t3": 1.0}
+        )
+        cfg = settings(scoring={"fusion": "rrf", "neighbour_carry": carry})
+        table = run_scoring(make_state(snap, "zzz", candidates=cands), cfg).state.scored
+        assert np.all(np.abs(table.parts.sum(axis=1) - table.weighted_score) <= 1e-12)
+        assert table.vector_score.max() == 1.0 and table.lexical_score.max() == 1.0
+        for r in range(len(table)):
+            exp = explain_row(snap, table, r, cfg.scoring, cfg.lexical)
+            assert exp.total() == table.weighted_score[r]
+            for part in exp.parts:
+                assert part.value * part.weight == pytest.approx(part.contribution, rel=1e-12, abs=1e-15)
 
 
 class TestStageContract:
