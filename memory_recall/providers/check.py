@@ -8,6 +8,7 @@ latency is reported. It never raises for a down or misconfigured provider: that 
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -148,6 +149,8 @@ def _probe_llm(
     llm: OpenAIChatLLM, deadline_s: float, transport: httpx.BaseTransport | None
 ) -> ProviderStatus:
     models_url = llm.base_url.rstrip("/").removesuffix("/chat/completions") + "/models"
+    # Every probe outcome is about the same configured OpenAI-compatible endpoint and model.
+    status = functools.partial(ProviderStatus, "llm", "openai", True, model_id=llm.model)
     headers = {"Authorization": f"Bearer {llm.api_key}"} if llm.api_key else {}
     facts: dict[str, Any] = {}
     start = time.perf_counter()
@@ -156,12 +159,8 @@ def _probe_llm(
             response = client.get(models_url, timeout=httpx.Timeout(deadline_s, connect=min(3.0, deadline_s)))
     except httpx.TransportError as exc:  # TimeoutException is a TransportError
         timed_out = isinstance(exc, httpx.TimeoutException)
-        return ProviderStatus(
-            "llm",
-            "openai",
-            True,
+        return status(
             False,
-            model_id=llm.model,
             endpoint=models_url,
             latency_ms=(time.perf_counter() - start) * 1000,
             failure_category="timeout" if timed_out else "connect",
@@ -175,24 +174,16 @@ def _probe_llm(
             detail = f"server answers, but model {llm.model!r} is not in its list"
         else:
             detail = "model list answered"
-        return ProviderStatus(
-            "llm",
-            "openai",
+        return status(
             True,
-            True,
-            model_id=llm.model,
             endpoint=models_url,
             latency_ms=latency,
             detail=detail,
             facts=facts,
         )
     if response.status_code not in (404, 405):
-        return ProviderStatus(
-            "llm",
-            "openai",
-            True,
+        return status(
             False,
-            model_id=llm.model,
             endpoint=models_url,
             latency_ms=(time.perf_counter() - start) * 1000,
             failure_category="http_status",
@@ -214,23 +205,15 @@ def _probe_llm(
     except LLMUnavailable as exc:
         # An empty one-token answer still proves the endpoint and the model work.
         if exc.category != "refusal":
-            return ProviderStatus(
-                "llm",
-                "openai",
-                True,
+            return status(
                 False,
-                model_id=llm.model,
                 endpoint=probe.url,
                 latency_ms=(time.perf_counter() - start) * 1000,
                 failure_category=exc.category,
                 detail=exc.detail,
             )
-    return ProviderStatus(
-        "llm",
-        "openai",
+    return status(
         True,
-        True,
-        model_id=llm.model,
         endpoint=probe.url,
         latency_ms=(time.perf_counter() - start) * 1000,
         detail="chat call answered",

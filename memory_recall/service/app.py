@@ -340,6 +340,28 @@ def _chat_id(chat_id: str) -> str:
         raise _PathError("chat_id", exc) from None
 
 
+def _graph_write(svc: _Service, chat_id: str, fn: Callable[[Any], int]) -> Callable[[], tuple[int, int]]:
+    """A store batch running ``fn(writer)``; returns (count, committed version) and drops the chat's snapshot."""
+
+    def run() -> tuple[int, int]:
+        with svc.store.write(chat_id) as w:
+            count = fn(w)
+            version = w.version
+        svc.snapshots.invalidate(chat_id)
+        return count, version
+
+    return run
+
+
+async def _existing_chat_write(request: Request, chat_id: str, op: Callable[[Any], int]) -> WriteResult:
+    """One graph batch ``op(writer)`` on an existing chat (404 otherwise), without embedding afterwards."""
+    svc = _svc(request)
+    chat_id = _chat_id(chat_id)
+    await _require_chat(svc, chat_id)
+    (count, version), emb = await svc.write(chat_id, _graph_write(svc, chat_id, op), embed=False)
+    return WriteResult(chat_id=chat_id, version=version, count=count, embedding=emb)
+
+
 async def _require_chat(svc: _Service, chat_id: str) -> None:
     if await svc.run(svc.store.chat_version, chat_id) == 0:
         raise NotFound("chat_id", f"unknown chat {chat_id!r}")
@@ -513,16 +535,6 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
 
     # -- graph ---------------------------------------------------------------------------------------------------
 
-    def _graph_write(svc: _Service, chat_id: str, fn: Callable[[Any], int]) -> Callable[[], tuple[int, int]]:
-        def run() -> tuple[int, int]:
-            with svc.store.write(chat_id) as w:
-                count = fn(w)
-                version = w.version
-            svc.snapshots.invalidate(chat_id)
-            return count, version
-
-        return run
-
     @app.post(f"{v1}/chats/{{chat_id}}/nodes", response_model=WriteResult, tags=["graph"])
     async def upsert_nodes(request: Request, chat_id: ChatId, body: NodeBatch) -> WriteResult:
         """Insert or replace nodes by id (creates the chat)."""
@@ -535,35 +547,17 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
     @app.delete(f"{v1}/chats/{{chat_id}}/nodes", response_model=WriteResult, tags=["graph"])
     async def delete_nodes(request: Request, chat_id: ChatId, body: IdBatch) -> WriteResult:
         """Delete nodes by id (with their edges and vectors). 404 for an unknown chat."""
-        svc = _svc(request)
-        chat_id = _chat_id(chat_id)
-        await _require_chat(svc, chat_id)
-        (count, version), emb = await svc.write(
-            chat_id, _graph_write(svc, chat_id, lambda w: w.delete_nodes(body.ids)), embed=False
-        )
-        return WriteResult(chat_id=chat_id, version=version, count=count, embedding=emb)
+        return await _existing_chat_write(request, chat_id, lambda w: w.delete_nodes(body.ids))
 
     @app.post(f"{v1}/chats/{{chat_id}}/edges", response_model=WriteResult, tags=["graph"])
     async def upsert_edges(request: Request, chat_id: ChatId, body: EdgeBatch) -> WriteResult:
         """Insert or replace edges by id; both ends must be nodes of the chat (else 422 naming the edge)."""
-        svc = _svc(request)
-        chat_id = _chat_id(chat_id)
-        await _require_chat(svc, chat_id)
-        (count, version), emb = await svc.write(
-            chat_id, _graph_write(svc, chat_id, lambda w: w.upsert_edges(body.edges)), embed=False
-        )
-        return WriteResult(chat_id=chat_id, version=version, count=count, embedding=emb)
+        return await _existing_chat_write(request, chat_id, lambda w: w.upsert_edges(body.edges))
 
     @app.delete(f"{v1}/chats/{{chat_id}}/edges", response_model=WriteResult, tags=["graph"])
     async def delete_edges(request: Request, chat_id: ChatId, body: IdBatch) -> WriteResult:
         """Delete edges by id. 404 for an unknown chat."""
-        svc = _svc(request)
-        chat_id = _chat_id(chat_id)
-        await _require_chat(svc, chat_id)
-        (count, version), emb = await svc.write(
-            chat_id, _graph_write(svc, chat_id, lambda w: w.delete_edges(body.ids)), embed=False
-        )
-        return WriteResult(chat_id=chat_id, version=version, count=count, embedding=emb)
+        return await _existing_chat_write(request, chat_id, lambda w: w.delete_edges(body.ids))
 
     @app.post(f"{v1}/chats/{{chat_id}}/import", response_model=ImportResult, tags=["graph"])
     async def import_graph(
