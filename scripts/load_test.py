@@ -1,0 +1,459 @@
+"""Load test (issue 9): concurrent clients against the real service on 127.0.0.1.
+
+Usage::
+
+    python scripts/load_test.py --clients 32 --seconds 60 --nodes 10000 --out load.json
+
+1. **Chat.** Builds (or reuses, in ``--data-dir``) a chat of ``--nodes`` nodes from the seeded synthetic
+   roleplay graph of the recall benchmark (``memory_recall.bench``: type mix, edges, owners, regions, story
+   time), then embeds every node with the packaged local embedder through ``embed_missing`` — the function the
+   service itself runs after a write — so the stored vectors are exactly what ``memory-recall serve`` with
+   default settings would have produced and recall queries embed in the same space (the benchmark's random
+   vectors would not be). A reused store only gets what is missing (``embed_missing`` embeds nothing when every
+   active node has its vector); each run works on a fresh copy of the built store.
+2. **Service.** ``memory-recall serve --data-dir … --port …`` as a user starts it (default settings, embedding
+   provider ``local``: the packaged multilingual-e5-small engine, no API key), a subprocess with real uvicorn.
+   Warm-up: one recall (snapshot build) and one recall record per client (the targets of record edits).
+3. **Load.** ``--clients`` asyncio clients (httpx, one connection each) for ``--seconds``: 80 % recalls
+   (a ``normal`` generation for a new user floor, queries of the benchmark), 15 % ``message_added`` events
+   (new turns, ingested and embedded inline by the service), 5 % record edits (``PUT`` on the client's
+   record; ``--mix`` changes the shares); the first request of client ``c`` is of kind ``c % 3`` (when that
+   kind is in the mix), so a short run exercises every kind.
+   Every answer is validated; a non-2xx answer, a timeout (``--timeout``), a transport error or an
+   invalid body is an error.
+4. **Memory.** The service's RSS (``/proc/<pid>/status``) is sampled every ``--sample-s`` seconds from start
+   to end; "growth after warm-up" compares the last sample with the first sample of the load's second half.
+
+Prints a table (count, errors, p50/p95/p99/max latency per kind, throughput) and the RSS samples; ``--out``
+writes everything as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CHAT = "load-chat"
+DB_NAME = "memory-recall.sqlite3"
+KINDS = ("recall", "message", "edit")
+#: The mix of the issue: recall 80 %, message events 15 %, record edits 5 %.
+MIX = (0.80, 0.15, 0.05)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The chat
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def build_chat(data_dir: Path, n: int, *, log: Any = print) -> dict[str, Any]:
+    """Create (or reuse) the ``n``-node chat in ``data_dir``; returns what was done and how long it took."""
+    from memory_recall.bench import _Plan  # the benchmark's seeded synthetic roleplay graph
+    from memory_recall.model.graph import Edge, Node
+    from memory_recall.providers.cache import embed_missing
+    from memory_recall.providers.embedding import LocalEmbedder
+    from memory_recall.store import Store
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    embedder = LocalEmbedder()
+    out: dict[str, Any] = {"nodes": n, "embedding_model": embedder.model_id}
+    with Store.open(data_dir) as store:
+        stats = store.stats(CHAT) if CHAT in {c.chat_id for c in store.list_chats()} else {"node_count": 0}
+        reuse = stats["node_count"] >= n
+        out["reused"] = reuse
+        start = time.perf_counter()
+        if not reuse:
+            if stats["node_count"]:
+                store.delete_chat(CHAT)
+            plan = _Plan(n)
+            for lo in range(0, n, 2000):
+                nodes = [Node.model_validate(plan.node(i)) for i in range(lo, min(n, lo + 2000))]
+                with store.write(CHAT) as w:
+                    w.upsert_nodes(nodes)
+            for lo in range(0, int(plan.edge_src.size), 8000):
+                edges = [Edge.model_validate(e) for e in plan.edges(lo, lo + 8000)]
+                with store.write(CHAT) as w:
+                    w.upsert_edges(edges)
+            state = plan.state()
+            with store.write(CHAT) as w:
+                w.set_knowledge(state["knowledge"])
+                w.set_regions(state["regions"])
+                w.set_timeline(state["timeline"])
+                w.set_history(state["history"])
+        out["graph_write_s"] = round(time.perf_counter() - start, 1)
+        start = time.perf_counter()
+        last = [0.0]
+
+        def progress(done: int, total: int) -> None:
+            if time.perf_counter() - last[0] > 15:
+                last[0] = time.perf_counter()
+                log(f"  embedded {done}/{total} nodes ({time.perf_counter() - start:.0f} s)")
+
+        # On a reused store this embeds nothing (or finishes an interrupted build).
+        report = embed_missing(store, CHAT, embedder, progress=progress)
+        out["embedded_now"] = report.total
+        out["embed_s"] = round(time.perf_counter() - start, 1)
+        stats = store.stats(CHAT)
+    out["node_count"] = stats["node_count"]
+    out["stats"] = {k: v for k, v in stats.items() if isinstance(v, int | float | str | dict)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The service
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of ``pid`` in MiB (Linux ``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Service:
+    """``memory-recall serve`` in a subprocess with default settings and the local embedder."""
+
+    def __init__(self, data_dir: Path, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, MEMORY_RECALL_CONFIG="", MEMORY_RECALL_EMBEDDING__PROVIDER="local")
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "memory_recall.cli", "serve", "--data-dir", str(data_dir),
+             "--port", str(self.port)],
+            stdout=self._log, stderr=self._log, env=env,
+        )
+
+    def wait_ready(self, timeout: float = 120.0) -> float:
+        import httpx
+
+        start = time.perf_counter()
+        while time.perf_counter() - start < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the service exited with {self.proc.returncode}")
+            try:
+                if httpx.get(f"{self.url}/v1/health", timeout=5).status_code == 200:
+                    return time.perf_counter() - start
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("the service did not start")
+
+    def stop(self) -> bool:
+        """SIGTERM as Ctrl-C would; ``True`` when the service shut down cleanly (uvicorn re-raises the signal
+        after its graceful shutdown, so the exit status is -SIGTERM either way: its log says which)."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=60)
+        finally:
+            self._log.close()
+        text = Path(self._log.name).read_text(errors="replace")
+        return code in (0, -signal.SIGTERM) and "Application shutdown complete" in text
+
+
+class RssSampler(threading.Thread):
+    """Samples the service's RSS every ``period`` seconds as ``(seconds since start, MiB)``."""
+
+    def __init__(self, pid: int, period: float) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.period = pid, period
+        self.samples: list[tuple[float, float]] = []
+        self.t0 = time.perf_counter()
+        self._halt = threading.Event()
+
+    def sample(self) -> float:
+        mb = rss_mb(self.pid)
+        self.samples.append((round(time.perf_counter() - self.t0, 1), mb))
+        return mb
+
+    def run(self) -> None:
+        while not self._halt.wait(self.period):
+            self.sample()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Clients
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _queries() -> tuple[str, ...]:
+    from memory_recall.bench import QUERIES
+
+    return QUERIES
+
+
+@dataclass
+class Results:
+    latencies: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    errors: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    recall_status: dict[str, int] = field(default_factory=dict)
+    recall_source: dict[str, int] = field(default_factory=dict)
+    retrieval_status: dict[str, int] = field(default_factory=dict)
+
+
+def _recall_body(client: int, floor: int, query: str) -> dict[str, Any]:
+    return {
+        "chat_id": CHAT, "target_user_floor": floor,
+        "messages": [{"floor": floor, "role": "user", "speaker": "Traveller", "text": query}],
+    }
+
+
+async def _client(
+    c: int, http: Any, deadline: float, res: Results, queries: Sequence[str], edit_floor: int, seed: int,
+    mix: Sequence[float],
+) -> None:
+    import httpx
+
+    rng = random.Random(seed * 1000 + c)
+    i = 0
+    while time.perf_counter() < deadline:
+        i += 1
+        r = rng.random()
+        kind = "recall" if r < mix[0] else "message" if r < mix[0] + mix[1] else "edit"
+        if i == 1 and mix[c % len(KINDS)] > 0:
+            kind = KINDS[c % len(KINDS)]  # so that even a short run exercises every kind of the mix
+        floor = 2_000_000 + c * 100_000 + i  # unique per request: every recall is a fresh one
+        start = time.perf_counter()
+        problem = ""
+        try:
+            if kind == "recall":
+                resp = await http.post("/v1/recall", json=_recall_body(c, floor, rng.choice(queries)))
+                if resp.status_code == 200:
+                    body = resp.json()
+                    res.recall_status[body["status"]] = res.recall_status.get(body["status"], 0) + 1
+                    res.recall_source[body["source"]] = res.recall_source.get(body["source"], 0) + 1
+                    rs = body.get("retrieval_status", "")
+                    res.retrieval_status[rs] = res.retrieval_status.get(rs, 0) + 1
+                    if body["chat_id"] != CHAT or body["status"] != "completed" or not body["injection_text"]:
+                        problem = f"recall answered {body['status']}/{body['reason']}"
+            elif kind == "message":
+                who = rng.choice(("Alice", "Bram", "Corin", "Dahlia"))
+                text = f"{who} looks at the {rng.choice(queries).lower()} ({c}-{i})"
+                msg = {"floor": 5_000_000 + c * 100_000 + i, "role": rng.choice(("user", "assistant")),
+                       "speaker": who, "text": text}
+                resp = await http.post(f"/v1/chats/{CHAT}/events", json={"type": "message_added", "message": msg})
+                if resp.status_code == 200:
+                    body = resp.json()
+                    embedded = body["embedding"]["status"] == "ok"
+                    if body["type"] != "message_added" or body["nodes_added"] < 1 or not embedded:
+                        problem = f"event answered {body}"
+            else:
+                text = f"edited by client {c} at {i}"
+                resp = await http.put(f"/v1/chats/{CHAT}/records/{edit_floor}", json={"injection_text": text})
+                if resp.status_code == 200:
+                    rec = resp.json()["record"]
+                    if rec["injection_text"] != text or not rec["manually_edited"]:
+                        problem = f"edit answered {rec['injection_text']!r}"
+            if resp.status_code != 200:
+                problem = f"HTTP {resp.status_code}: {resp.text[:200]}"
+        except httpx.TimeoutException:
+            problem = "timeout"
+        except httpx.TransportError as exc:
+            problem = f"transport error {type(exc).__name__}"
+        elapsed = (time.perf_counter() - start) * 1000
+        if problem:
+            res.errors[kind].append(problem)
+        else:
+            res.latencies[kind].append(elapsed)
+
+
+async def _run_clients(url: str, clients: int, seconds: float, timeout: float, seed: int,
+                       edit_floors: Sequence[int], mix: Sequence[float]) -> tuple[Results, float]:
+    import httpx
+
+    res = Results()
+    queries = _queries()
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as http:
+        start = time.perf_counter()
+        deadline = start + seconds
+        await asyncio.gather(*(
+            _client(c, http, deadline, res, queries, edit_floors[c], seed, mix) for c in range(clients)
+        ))
+        wall = time.perf_counter() - start
+    return res, wall
+
+
+def _setup_records(url: str, clients: int) -> list[int]:
+    """One recall record per client (its record-edit target); also warms the snapshot."""
+    import httpx
+
+    floors = []
+    queries = _queries()
+    with httpx.Client(base_url=url, timeout=300) as http:
+        for c in range(clients):
+            floor = 1_000_000 + c
+            r = http.post("/v1/recall", json=_recall_body(c, floor, queries[c % len(queries)]))
+            r.raise_for_status()
+            if r.json()["record"] is None:
+                raise RuntimeError(f"warm-up recall {c} persisted no record: {r.json()['reason']}")
+            floors.append(floor)
+    return floors
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Figures
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _pcts(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
+    arr = np.asarray(values)
+    return {
+        "p50": round(float(np.percentile(arr, 50)), 1), "p95": round(float(np.percentile(arr, 95)), 1),
+        "p99": round(float(np.percentile(arr, 99)), 1), "max": round(float(arr.max()), 1),
+    }
+
+
+def run_load(
+    *, data_dir: Path, nodes: int, clients: int, seconds: float, timeout: float = 60.0, sample_s: float = 5.0,
+    seed: int = 9, mix: Sequence[float] = MIX, log: Any = print,
+) -> dict[str, Any]:
+    """Build/reuse the chat, start the service, run the load; returns the JSON figures (see the module doc)."""
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    log(f"chat: {nodes} nodes in {data_dir}")
+    chat = build_chat(data_dir, nodes, log=log)
+    log(f"  {'reused' if chat['reused'] else 'built'}: {chat['node_count']} nodes, embedded {chat['embedded_now']} "
+        f"now in {chat['embed_s']} s ({chat['embedding_model']})")
+    # Every run starts from the same chat: a copy of the built store (runs add turns and records).
+    run_dir = Path(tempfile.mkdtemp(prefix="load-run-"))
+    for f in data_dir.glob(f"{DB_NAME}*"):
+        shutil.copy2(f, run_dir / f.name)
+    service = Service(run_dir, run_dir / "service.log")
+    try:
+        ready_s = service.wait_ready()
+        sampler = RssSampler(service.proc.pid, sample_s)
+        rss_ready = sampler.sample()
+        start = time.perf_counter()
+        edit_floors = _setup_records(service.url, clients)
+        warmup_s = time.perf_counter() - start
+        rss_warm = sampler.sample()
+        log(f"service ready in {ready_s:.1f} s (RSS {rss_ready} MiB); warm-up {warmup_s:.1f} s (RSS {rss_warm} MiB)")
+        cpu0 = cpu_s(service.proc.pid)
+        load_t0 = time.perf_counter() - sampler.t0
+        sampler.start()
+        res, wall = asyncio.run(_run_clients(service.url, clients, seconds, timeout, seed, edit_floors, mix))
+        sampler.stop()
+        cpu_load = cpu_s(service.proc.pid) - cpu0
+        rss_end = sampler.sample()
+    finally:
+        clean_shutdown = service.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    during = [mb for t, mb in sampler.samples if t > load_t0]
+    second_half = [mb for t, mb in sampler.samples if t > load_t0 + seconds / 2]
+    kinds = {}
+    for k in KINDS:
+        ok = res.latencies[k]
+        kinds[k] = {"ok": len(ok), "errors": len(res.errors[k]), "throughput_per_s": round(len(ok) / wall, 2),
+                    **_pcts(ok), "first_errors": res.errors[k][:5]}
+    total_ok = sum(len(v) for v in res.latencies.values())
+    return {
+        "started": started, "clients": clients, "mix": list(mix), "seconds": seconds, "wall_s": round(wall, 1),
+        "chat": chat,        "embedder": chat["embedding_model"], "kinds": kinds,
+        "errors": sum(len(v) for v in res.errors.values()), "requests_ok": total_ok,
+        "throughput_per_s": round(total_ok / wall, 2), "recall_status": res.recall_status,
+        "recall_source": res.recall_source,
+        "retrieval_status": res.retrieval_status, "service_cpu_s": round(cpu_load, 1),
+        "service_ready_s": round(ready_s, 1), "warmup_s": round(warmup_s, 1),
+        "rss_mb": {
+            "ready": rss_ready, "after_warmup": rss_warm, "max_during": max(during) if during else None,
+            "end": rss_end, "second_half_first": second_half[0] if second_half else None,
+            "growth_second_half": round(rss_end - second_half[0], 1) if second_half else None,
+            "samples": sampler.samples,
+        },
+        "clean_shutdown": clean_shutdown,
+    }
+
+
+def table(out: dict[str, Any]) -> str:
+    head = ("kind", "ok", "errors", "per s", "p50 ms", "p95 ms", "p99 ms", "max ms")
+    rows = [head] + [
+        (k, v["ok"], v["errors"], v["throughput_per_s"], v["p50"], v["p95"], v["p99"], v["max"])
+        for k, v in out["kinds"].items()
+    ]
+    rows.append(("all", out["requests_ok"], out["errors"], out["throughput_per_s"], "", "", "", ""))
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout (counts as an error)")
+    parser.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
+    parser.add_argument("--seed", type=int, default=9)
+    parser.add_argument("--mix", default="80,15,5", help="percent of recalls, message events, record edits")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="store to build or reuse (default: a per-size directory in the temp dir)")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--build-only", action="store_true", help="build or check the chat, then stop")
+    args = parser.parse_args(argv)
+    data_dir = args.data_dir or Path(tempfile.gettempdir()) / f"memory-recall-load-{args.nodes}"
+    if args.build_only:
+        print(json.dumps(build_chat(data_dir, args.nodes), indent=2))
+        return 0
+    mix = [float(x) / 100 for x in args.mix.split(",")]
+    if len(mix) != 3 or any(x < 0 for x in mix) or abs(sum(mix) - 1) > 1e-9:
+        parser.error(f"--mix must be three percentages adding up to 100, got {args.mix!r}")
+    out = run_load(data_dir=data_dir, nodes=args.nodes, clients=args.clients, seconds=args.seconds,
+                   timeout=args.timeout, sample_s=args.sample_s, seed=args.seed, mix=mix)
+    print()
+    print(f"load test started {out['started']}: {args.clients} clients, mix {args.mix}, {out['wall_s']} s, "
+          f"{out['chat']['node_count']} nodes, embedder {out['embedder']}")
+    print(table(out))
+    rss = out["rss_mb"]
+    print(f"service RSS MiB: ready {rss['ready']}, after warm-up {rss['after_warmup']}, max during "
+          f"{rss['max_during']}, end {rss['end']}, growth over the second half {rss['growth_second_half']}")
+    print("RSS samples (s, MiB):", " ".join(f"{t:g}:{mb:g}" for t, mb in rss["samples"]))
+    print(f"service CPU during the load: {out['service_cpu_s']} s; recall status {out['recall_status']}, "
+          f"source {out['recall_source']}; retrieval {out['retrieval_status']}")
+    for k, v in out["kinds"].items():
+        for e in v["first_errors"]:
+            print(f"ERROR {k}: {e}")
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=2) + "\n")
+    return 1 if out["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Load, fast variant of ``scripts/load_test.py``: 4 clients for 5 s against the real service (subprocess,
+uvicorn on 127.0.0.1, local embedder) on a small synthetic chat: zero errors, every kind of request exercised,
+every answer valid (the script validates each one) and the service's RSS sampled throughout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rel_crash_helpers import load_script
+
+lt = load_script("load_test")
+
+
+def test_mixed_load_has_no_errors(tmp_path: Path) -> None:
+    out = lt.run_load(data_dir=tmp_path / "chat", nodes=120, clients=4, seconds=5, sample_s=1.0, log=lambda _: None)
+    assert out["errors"] == 0, {k: v["first_errors"] for k, v in out["kinds"].items()}
+    assert out["chat"]["node_count"] == 120 and out["chat"]["embedded_now"] > 0
+    assert out["embedder"].startswith("local:")
+    for kind in lt.KINDS:
+        assert out["kinds"][kind]["ok"] >= 1, kind
+    recalls = out["kinds"]["recall"]["ok"]
+    # Each recall is a fresh one for a new floor, completed with semantic search (vectors and query agree).
+    assert out["recall_status"] == {"completed": recalls}
+    assert out["recall_source"] == {"fresh": recalls}
+    assert out["retrieval_status"] == {"ok": recalls}
+    rss = out["rss_mb"]
+    assert len(rss["samples"]) >= 5 and all(mb > 0 for _, mb in rss["samples"])
+    assert out["clean_shutdown"]
+
+
+def test_reused_chat_is_not_rebuilt(tmp_path: Path) -> None:
+    first = lt.build_chat(tmp_path, 40, log=lambda _: None)
+    again = lt.build_chat(tmp_path, 40, log=lambda _: None)
+    assert not first["reused"] and first["embedded_now"] > 0
+    assert again["reused"] and again["embedded_now"] == 0 and again["node_count"] == first["node_count"] == 40
