@@ -286,6 +286,9 @@ class OwnerSettings(BaseModel):
     model_config = _Section
 
     enable_scene_reconstruction: bool = True
+    # Departure from §3.16 step 3's crowding: the first N ranked rows of the selection are never cut by scene
+    # reconstruction (0 = the reference's behaviour). See memory_recall.pipeline.owners.
+    keep_top_ranked: int = Field(default=5, ge=0, le=100)
 
 
 class ReinforcementSettings(BaseModel):

@@ -22,15 +22,15 @@ Rules (a row collapses into the best-ranked *kept* row it duplicates; rows are v
       (two character nodes named "Alice" are the ``#nodeId`` case of reference §1.5: different characters).
     * **Range overlap**: both rows have a finite message range, the same type in :data:`RANGE_TYPES`, the same
       scope owner key, at least one of the two ranges spans more than one floor, and ``overlap / min(length) ≥
-      0.8`` with inclusive floors (``overlap = min(end) − max(start) + 1``). Two one-floor nodes of one floor
-      are distinct facts taken from the same message (ST-BME extracts several events per floor); only their
-      text can make them duplicates. Same type only: an event summarising floors 10–20 and the message at
-      floor 15 are different granularities, and the fine one must not erase the summary (or the reverse).
-      Types whose range is provenance rather than content (character, location, rule, entity, reflection,
-      pov_memory: the floor they were extracted or updated at) never collapse by range. Messages have
-      one-floor ranges and one message per floor, so in practice this rule merges overlapping summaries/events
-      — including events extracted from the same batch, which share the batch range (the recall-spec rule,
-      accepted).
+      0.8`` with inclusive floors (``overlap = min(end) − max(start) + 1``). Only summaries (``synopsis``) and
+      ``message`` nodes take part: their range *is* their content, so two summaries of the same floors say the
+      same thing. For every other type the range is provenance — ST-BME extracts events, threads, characters,
+      rules and POV memories in batches, and every node of a batch carries the batch's range — so a range overlap
+      says nothing about the content. Collapsing events by range erased distinct memories (on the fixture chats:
+      the will reading collapsed into Tobias's alibi, the plan to free the fox into its contest, dropping 3 of the
+      49 required memories); those types only collapse by exact text. Same type only: a summary of floors 10–20
+      and the message at floor 15 are different granularities. Messages have one-floor ranges and one message per
+      floor, so in practice this rule merges overlapping summaries.
 Invariants
     Never adds or reorders rows; the best-ranked row of each duplicate group survives; deterministic.
 Settings
@@ -49,10 +49,11 @@ from typing import Any
 import numpy as np
 
 from memory_recall.model.graph import Node
+from memory_recall.pipeline._graph_cache import cached
 from memory_recall.pipeline.scoring import take_rows
 from memory_recall.pipeline.state import RecallState, StageResult, StageTrace, timed
 from memory_recall.settings import DiversitySettings, SelectionSettings
-from memory_recall.store.snapshot import TYPE_CODE
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot
 
 __all__ = ["DEDUP_TEXT_FIELDS", "OVERLAP_RATIO", "RANGE_TYPES", "DedupStage", "dedup_text_key"]
 
@@ -61,7 +62,7 @@ DEDUP_TEXT_FIELDS: tuple[str, ...] = ("summary", "insight", "title", "name")
 #: Recall-spec "Dedup before rerank": ≥ 80 % of the same message range.
 OVERLAP_RATIO = 0.8
 #: Types whose message range is their content (see the module docstring).
-RANGE_TYPES: frozenset[str] = frozenset({"event", "thread", "synopsis", "message"})
+RANGE_TYPES: frozenset[str] = frozenset({"synopsis", "message"})
 
 _WS = re.compile(r"\s+")
 _SCORE_KIND = "weighted_score"
@@ -88,6 +89,23 @@ def dedup_text_key(node: Node) -> str:
                 parts.append(norm)
                 content = content or key != "name"
     return " | ".join(parts) if content else ""
+
+
+def _text_keys(snapshot: GraphSnapshot, idx: list[int]) -> list[tuple[str, str] | None]:
+    """``(scope owner key, dedup_text_key)`` of each node of ``idx`` (``None`` without text). Each node's key is
+    computed once per snapshot (nodes never change inside one) and kept in the per-snapshot cache."""
+    known: dict[int, tuple[str, str] | None]
+    known, _ = cached(snapshot, ("dedup-text-keys",), dict)
+    out: list[tuple[str, str] | None] = []
+    for i in idx:
+        if i in known:
+            out.append(known[i])
+            continue
+        text = dedup_text_key(snapshot.node(i))
+        key = (str(snapshot.scope_owner_key[i]), text) if text else None
+        known[i] = key
+        out.append(key)
+    return out
 
 
 class DedupStage:
@@ -142,10 +160,9 @@ class DedupStage:
         # Exact text: one key id per row (−1 = no key); the owner key keeps different owners' POVs apart.
         key_ids: dict[tuple[str, str], int] = {}
         kid = np.full(w, -1, dtype=np.int64)
-        for r, i in enumerate(idx.tolist()):  # the window rows only (≤ a few hundred)
-            text = dedup_text_key(snap.node(i))
-            if text:
-                kid[r] = key_ids.setdefault((str(snap.scope_owner_key[i]), text), len(key_ids))
+        for r, key in enumerate(_text_keys(snap, idx.tolist())):  # the window rows only (≤ a few hundred)
+            if key is not None:
+                kid[r] = key_ids.setdefault(key, len(key_ids))
         same_text = (kid[:, None] == kid[None, :]) & (kid[:, None] >= 0)
 
         # Range overlap among same-type, same-owner rows of a content-range type.
@@ -154,7 +171,8 @@ class DedupStage:
         range_codes = [TYPE_CODE[t] for t in sorted(self.range_types) if t in TYPE_CODE]
         ok = ~np.isnan(start) & ~np.isnan(end) & np.isin(codes, range_codes)
         wide = ok & (end > start)
-        owners = snap.scope_owner_key[idx]
+        # Owner keys as integer codes: one comparison of codes instead of w² string comparisons.
+        owners = np.unique(snap.scope_owner_key[idx].astype(str), return_inverse=True)[1].reshape(w)
         with np.errstate(invalid="ignore"):
             overlap = np.minimum(end[:, None], end[None, :]) - np.maximum(start[:, None], start[None, :]) + 1
             length = end - start + 1
@@ -173,7 +191,8 @@ class DedupStage:
         kept = np.ones(w, dtype=bool)
         collapsed: dict[int, list[int]] = {}
         reasons: dict[int, str] = {}
-        for r in range(1, w):
+        # Only a row with a duplicate above it can collapse: visit those in ranking order (usually none or few).
+        for r in np.flatnonzero(np.tril(dup, -1).any(axis=1)).tolist():
             prior = np.flatnonzero(kept[:r] & dup[r, :r])
             if prior.size:
                 j = int(prior[0])

@@ -37,9 +37,13 @@ Final owners (§3.16 step 1)
     decimals: mode ``fallback`` when an LLM answered or failed, ``heuristic`` without LLM, ``unresolved`` when
     nobody qualifies.
 Owner-POV augmentation (§3.16 step 2)
-    For each final owner, its best-ranked scored ``pov_memory`` node; every one that is not among the first
-    ``max_recall_nodes`` of the selection is put in front (in owner order); the list is de-duplicated and cut
-    to ``max_recall_nodes``.
+    For each final owner, its best-ranked scored ``pov_memory`` node is put in front (in owner order), also when
+    it is already selected; the list is de-duplicated and cut to ``max_recall_nodes``.
+Top-ranked rows kept (``OwnerSettings.keep_top_ranked``, default 5; 0 = the reference)
+    After scene reconstruction, each of the first ``keep_top_ranked`` rows of the ranking (``state.scored``
+    order) that is in the selection but was crowded out of the cap by reconstructed neighbours takes the place
+    of the last reconstruction addition (appended at the end, in ranking order). Reconstruction then never
+    costs the recall its best-ranked memories.
 Scene reconstruction (§3.16 step 3; ``OwnerSettings.enable_scene_reconstruction``)
     For each selected node in order, add it, then: an **event** adds its neighbours (active edges, edge order)
     of type character, location, thread, reflection or pov_memory, then the 2 events nearest in ``seq``
@@ -63,10 +67,16 @@ Departures (recall-spec)
       the score map never held them — pass the same gate with zero evidence. The reference adds neighbours and
       "nearest events" unchecked, so future-tense or suppressed nodes re-entered. Request-named owners are
       never replaced by inferred ones. Owner keys match with or without ``#nodeId`` (item 4).
-    * §7 item 6 — an owner POV that is in the selection but beyond ``max_recall_nodes`` (only possible without
-      LLM, where the selection is the whole ``topK`` pool) **is** moved forward; the reference counted it as
-      "already selected" and then cut it. Scenario 36 therefore selects ``[char-pov]`` instead of
+    * §7 item 6 — an owner POV that is already in the selection **is** moved forward; the reference counted it
+      as "already selected", and it was then cut when it sat beyond ``max_recall_nodes`` (only possible without
+      LLM, where the selection is the whole ``topK`` pool) or when scene reconstruction filled the cap with the
+      neighbours of the nodes before it. Scenario 36 therefore selects ``[char-pov]`` instead of
       ``[obj-global]``.
+    * §3.16 step 3 design — the reference's reconstruction walks the selection in order and adds each node's
+      neighbours right after it, so two or three events with many neighbours fill all ``max_recall_nodes``
+      slots and the rest of the selection is cut, however well it ranked (on the fixture chats: Wren's note on
+      the latch, ranked 2nd; the fox's hiding place, ranked 4th). ``keep_top_ranked`` restores the best-ranked
+      selected rows (fixture chats: required memories recalled 41 → 43 of 49, expected 79 → 85 of 108).
     * 8 — owner aliases are matched with :func:`memory_recall.text.mentions.term_occurs` (word boundaries for
       Latin, case/accent-insensitive; substring for CJK) instead of raw case-insensitive substrings.
     * 10 — ties break by node id (nearest events, recency ties, candidate names then keys).
@@ -81,8 +91,10 @@ from typing import Any
 import numpy as np
 
 from memory_recall.pipeline._admission import admissible, rows_of, with_owners
+from memory_recall.pipeline._graph_cache import cached
 from memory_recall.pipeline.scoring import scope_buckets, temporal_director
 from memory_recall.pipeline.state import (
+    ContextInfo,
     OwnerCandidate,
     RecallState,
     TimedStage,
@@ -98,6 +110,7 @@ __all__ = [
     "llm_pool_size",
     "owner_base_key",
     "resolve_pov_owner",
+    "scene_context",
     "scene_owner_candidates",
 ]
 
@@ -124,6 +137,31 @@ _LOCATION = TYPE_CODE["location"]
 _EVENT_NEIGHBOR_CODES = np.array([TYPE_CODE[t] for t in EVENT_NEIGHBOR_TYPES], dtype=np.int16)
 
 
+def scene_context(context: ContextInfo) -> ContextInfo:
+    """``context`` reduced to the scene that decides the zero-evidence admission verdict of a node: the scene
+    owners (keys, mode, active POV owners), the region and its neighbours, the story segment and the cue mode —
+    every field :func:`~memory_recall.pipeline.scoring.scope_buckets`,
+    :func:`~memory_recall.pipeline.scoring.knowledge_gate` (through the owner keys) and
+    :func:`~memory_recall.pipeline.scoring.temporal_director` read. The owner candidates and scores, sources and
+    labels are dropped.
+
+    The late stages pass it as ``owner_context`` to :func:`~memory_recall.pipeline._admission.admissible`, which
+    keeps its verdicts per snapshot and context: recalls of one scene then share them (the owner candidates
+    differ with every message, the scene does not). The verdicts are the same as with ``context`` itself.
+    """
+    return ContextInfo(
+        owner_keys=tuple(context.owner_keys),
+        owner_mode=context.owner_mode,
+        active_character_pov_owner=context.active_character_pov_owner,
+        active_user_pov_owner=context.active_user_pov_owner,
+        active_region=context.active_region,
+        adjacent_regions=tuple(context.adjacent_regions),
+        story_segment_id=context.story_segment_id,
+        story_segment_order=context.story_segment_order,
+        cue_mode=context.cue_mode,
+    )
+
+
 def llm_pool_size(selection: SelectionSettings) -> int:
     """``llmPool = max(maxRecallNodes, llmCandidatePool)`` (reference §3 preamble)."""
     return max(int(selection.max_recall_nodes), int(selection.llm_candidate_pool))
@@ -137,7 +175,27 @@ def owner_base_key(key: str) -> str:
 def resolve_pov_owner(snapshot: GraphSnapshot, i: int) -> tuple[str, str]:
     """``(owner key, owner name)`` of the POV node ``i``: the catalog owner it belongs to (matched by key with or
     without ``#nodeId``, then by name or alias, then by the owner's character node id), else the scope's own
-    key and name. ``("", "")`` for an objective node or a POV node without owner."""
+    key and name. ``("", "")`` for an objective node or a POV node without owner.
+
+    It reads only the (immutable) snapshot, so each node is resolved once per snapshot."""
+    memo: dict[int, tuple[str, str]] = cached(snapshot, ("owners", "pov-owner"), dict)[0]
+    found = memo.get(i)
+    if found is None:
+        found = memo[i] = _resolve_pov_owner(snapshot, i)
+    return found
+
+
+def _participant_text(snapshot: GraphSnapshot, i: int) -> str:
+    """Folded participants/summary/state/title/name/status text of node ``i`` (once per snapshot)."""
+    memo: dict[int, str] = cached(snapshot, ("owners", "participant-text"), dict)[0]
+    text = memo.get(i)
+    if text is None:
+        node = snapshot.node(i)
+        text = memo[i] = fold("\n".join(t for k in PARTICIPANT_FIELDS for t in node.field_text(k)))
+    return text
+
+
+def _resolve_pov_owner(snapshot: GraphSnapshot, i: int) -> tuple[str, str]:
     base = str(snapshot.scope_owner_key[i])
     if not base:
         return "", ""
@@ -219,8 +277,7 @@ def scene_owner_candidates(state: RecallState, selection: SelectionSettings) -> 
             continue
         if not catalog:
             continue
-        node = snap.node(i)
-        text = fold("\n".join(t for k in PARTICIPANT_FIELDS for t in node.field_text(k)))
+        text = _participant_text(snap, i)
         if not text:
             continue
         for key, name, aliases in catalog:
@@ -298,7 +355,9 @@ class OwnerStage(TimedStage):
     # -- helpers ---------------------------------------------------------------------------------------------
 
     def _admit(self, state: RecallState, idx: np.ndarray) -> np.ndarray:
-        return admissible(state, idx, context=self.context, scoring=self.scoring, require_active=True)
+        # The scoring gate's owners (state.context), as a scene: verdicts are shared by recalls of one scene.
+        return admissible(state, idx, context=self.context, scoring=self.scoring, require_active=True,
+                          owner_context=scene_context(state.context))
 
     @staticmethod
     def _recency(snap: GraphSnapshot, idx: np.ndarray) -> np.ndarray:
@@ -318,10 +377,17 @@ class OwnerStage(TimedStage):
 
     @staticmethod
     def _neighbourhood(snap: GraphSnapshot, idx: np.ndarray) -> np.ndarray:
-        """Sorted unique other endpoints of the active edges of the nodes ``idx`` (one sparse row slice)."""
+        """Sorted unique other endpoints of the active edges of the nodes ``idx`` (a gather of their CSR rows)."""
         if idx.size == 0:
             return np.zeros(0, dtype=np.int64)
-        pos = snap.incident[idx].data.astype(np.int64) - 1
+        indptr = snap.incident.indptr
+        starts = indptr[idx].astype(np.int64)
+        lens = indptr[idx + 1].astype(np.int64) - starts
+        total = int(lens.sum())
+        if total == 0:
+            return np.zeros(0, dtype=np.int64)
+        offsets = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(total, dtype=np.int64)
+        pos = snap.incident.data[offsets].astype(np.int64) - 1
         return np.union1d(snap.edge_src[pos], snap.edge_dst[pos])
 
     def _owner_pov_rows(self, state: RecallState, keys: Sequence[str]) -> dict[str, int]:
@@ -356,19 +422,19 @@ class OwnerStage(TimedStage):
         keys, scores, mode = final_owners(state, candidates)
 
         # Owner-POV augmentation (departure §7 item 6: "selected" means within the first max_recall_nodes).
-        head = set(selection[:limit])
         best = self._owner_pov_rows(state, keys)
         front: list[int] = []
         for key in keys:
             i = best.get(owner_base_key(key))
-            if i is not None and i not in head and i not in front:
+            if i is not None and i not in front:
                 front.append(i)
         augmented = _unique(front + selection)[:limit]
 
         origin_default = "llm" if (state.llm or {}).get("status") == "llm" else "score"
         origins: dict[int, str] = {i: ("owner-pov" if i in front else origin_default) for i in augmented}
         final = (
-            self._reconstruct(state, augmented, limit, origins)
+            self._keep_top_ranked(state, selection, self._reconstruct(state, augmented, limit, origins), limit,
+                                  origins, origin_default)
             if self.settings.enable_scene_reconstruction
             else augmented
         )
@@ -413,6 +479,33 @@ class OwnerStage(TimedStage):
             "reconstruction": self.settings.enable_scene_reconstruction,
         }
         return new_state, {**base_fields, "count_in": len(selection), "count_out": len(final), "notes": notes}
+
+    def _keep_top_ranked(
+        self, state: RecallState, selection: Sequence[int], final: list[int], limit: int, origins: dict[int, str],
+        origin_default: str,
+    ) -> list[int]:
+        """Put back the first ``keep_top_ranked`` ranked rows of ``selection`` that reconstruction crowded out."""
+        keep = int(self.settings.keep_top_ranked)
+        if keep <= 0:
+            return final
+        chosen = set(selection)
+        top = [int(i) for i in state.scored.index[:keep].tolist() if int(i) in chosen]
+        out = list(final)
+        present = set(out)
+        for i in top:
+            if i in present:
+                continue
+            if len(out) >= limit:
+                # the last reconstruction addition gives way; nothing to give → the cap holds
+                drop = next((k for k in range(len(out) - 1, -1, -1)
+                             if origins.get(out[k]) == "scene-reconstruction"), None)
+                if drop is None:
+                    break
+                present.discard(out.pop(drop))
+            out.append(i)
+            present.add(i)
+            origins[i] = "owner-pov" if origins.get(i) == "owner-pov" else origin_default
+        return out
 
     def _reconstruct(
         self, state: RecallState, selected: list[int], limit: int, origins: dict[int, str]
@@ -542,7 +635,10 @@ class OwnerStage(TimedStage):
         visible_owners = state.meta.get("knowledgeVisibleOwnersByNode") or {}
         suppressed_owners = state.meta.get("knowledgeSuppressedOwnersByNode") or {}
         timeline_on = self.context.enable_story_timeline if self.context is not None else True
-        temporal = temporal_director(snap, idx, state.context, enabled=timeline_on)
+        # Scored rows carry their story-time verdict; the director (element-wise) runs for the others only.
+        unscored = np.flatnonzero(rows < 0)
+        temporal = temporal_director(snap, idx[unscored], state.context, enabled=timeline_on)
+        temporal_row = dict(zip(unscored.tolist(), range(unscored.size), strict=True))
         knowledge: dict[str, dict[str, Any]] = {}
         story: dict[str, dict[str, Any]] = {}
         by_owner: dict[str, list[str]] = {}
@@ -565,7 +661,8 @@ class OwnerStage(TimedStage):
                     "mode": "selected", "anchored": False, "rescued": False, "ownerCoverage": 0.0,
                     "visibilityScore": 0.0, "visibleOwnerKeys": [], "suppressedOwnerKeys": [],
                 }
-                bucket, weight = str(temporal.bucket[p]), float(temporal.weight[p])
+                t = temporal_row[p]
+                bucket, weight = str(temporal.bucket[t]), float(temporal.weight[t])
             node = snap.node(i)
             story[nid] = {
                 "storyTimeLabel": node.story_time.describe() or node.story_time_span.describe(),

@@ -25,6 +25,7 @@ QUESTION_KEYS = {
     "active_region",
     "active_owners",
     "exercises",
+    "required",
     "expected",
     "why",
     "must_not",
@@ -133,6 +134,9 @@ class TestFixture:
             assert q["input"].strip()
             expected, must_not = q["expected"], q.get("must_not", [])
             assert expected, q["id"]
+            # required: the memories the question cannot be answered without, a non-empty subset of expected
+            required = q["required"]
+            assert required and len(set(required)) == len(required) and set(required) <= set(expected), q["id"]
             assert len(set(expected)) == len(expected) and len(set(must_not)) == len(must_not)
             assert not set(expected) & set(must_not), q["id"]
             for node_id in expected + must_not:

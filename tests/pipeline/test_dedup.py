@@ -96,13 +96,13 @@ class TestRangeOverlap:
         snap, state = _scored(
             [
                 make_node(
-                    "big", "event", importance=9, seq=10, seq_range=(10, 19), title="Battle", summary="x"
+                    "big", "synopsis", importance=9, seq=10, seq_range=(10, 19), title="Battle", summary="x"
                 ),
                 make_node(
-                    "over", "event", importance=5, seq=12, seq_range=(12, 21), title="War", summary="y"
+                    "over", "synopsis", importance=5, seq=12, seq_range=(12, 21), title="War", summary="y"
                 ),
                 make_node(
-                    "less", "event", importance=4, seq=17, seq_range=(17, 26), title="Peace", summary="z"
+                    "less", "synopsis", importance=4, seq=17, seq_range=(17, 26), title="Peace", summary="z"
                 ),
             ]
         )
@@ -114,8 +114,8 @@ class TestRangeOverlap:
     def test_contained_range_collapses_by_the_shorter_length(self) -> None:
         snap, state = _scored(
             [
-                make_node("short", "event", importance=9, seq=5, seq_range=(5, 6), title="A", summary="a"),
-                make_node("long", "event", importance=5, seq=1, seq_range=(1, 20), title="B", summary="b"),
+                make_node("short", "synopsis", importance=9, seq=5, seq_range=(5, 6), title="A", summary="a"),
+                make_node("long", "synopsis", importance=5, seq=1, seq_range=(1, 20), title="B", summary="b"),
             ]
         )
         assert _run(state).state.meta["dedupCollapsed"] == {"short": ["long"]}
@@ -148,12 +148,27 @@ class TestRangeOverlap:
         )
         assert len(_run(state).state.scored) == 2
 
+    def test_events_of_one_extraction_batch_do_not_collapse_by_range(self) -> None:
+        """ST-BME extracts several events per batch and each carries the batch's range: the range is provenance,
+        not content, so distinct events of one batch stay apart (only summaries and messages collapse by range)."""
+        snap, state = _scored(
+            [
+                make_node("will", "event", importance=9, seq=12, seq_range=(10, 19), title="Will", summary="w"),
+                make_node("alibi", "event", importance=5, seq=12, seq_range=(10, 19), title="Alibi", summary="a"),
+                make_node("t1", "thread", importance=4, seq=12, seq_range=(10, 19), title="Locket", summary="l"),
+                make_node("t2", "thread", importance=3, seq=12, seq_range=(10, 19), title="Grudge", summary="g"),
+            ]
+        )
+        res = _run(state)
+        assert ids_of(snap, res.state.scored.index) == ["will", "alibi", "t1", "t2"]
+        assert res.state.meta["dedupCollapsed"] == {}
+
     def test_transitive_chain_compares_with_kept_rows_only(self) -> None:
         snap, state = _scored(
             [
-                make_node("a", "event", importance=9, seq=0, seq_range=(0, 9), title="a", summary="a"),
-                make_node("b", "event", importance=8, seq=2, seq_range=(2, 11), title="b", summary="b"),
-                make_node("c", "event", importance=7, seq=4, seq_range=(4, 13), title="c", summary="c"),
+                make_node("a", "synopsis", importance=9, seq=0, seq_range=(0, 9), title="a", summary="a"),
+                make_node("b", "synopsis", importance=8, seq=2, seq_range=(2, 11), title="b", summary="b"),
+                make_node("c", "synopsis", importance=7, seq=4, seq_range=(4, 13), title="c", summary="c"),
             ]
         )
         # b ~ a (8/10) collapses; c ~ a is 6/10 (kept) even though c ~ b is 8/10 (b is gone)
@@ -162,8 +177,8 @@ class TestRangeOverlap:
     def test_custom_ratio(self) -> None:
         snap, state = _scored(
             [
-                make_node("a", "event", importance=9, seq=0, seq_range=(0, 9), title="a", summary="a"),
-                make_node("c", "event", importance=7, seq=4, seq_range=(4, 13), title="c", summary="c"),
+                make_node("a", "synopsis", importance=9, seq=0, seq_range=(0, 9), title="a", summary="a"),
+                make_node("c", "synopsis", importance=7, seq=4, seq_range=(4, 13), title="c", summary="c"),
             ]
         )
         assert len(_run(state, DedupStage(overlap_ratio=0.6)).state.scored) == 1

@@ -26,9 +26,9 @@ from memory_recall.pipeline.state import ContextInfo, OwnerCandidate
 from memory_recall.settings import ContextSettings, OwnerSettings, ScoringSettings, SelectionSettings
 
 
-def stage(max_nodes=8, pool=30, reconstruction=True):
+def stage(max_nodes=8, pool=30, reconstruction=True, keep_top_ranked=5):
     return OwnerStage(
-        OwnerSettings(enable_scene_reconstruction=reconstruction),
+        OwnerSettings(enable_scene_reconstruction=reconstruction, keep_top_ranked=keep_top_ranked),
         SelectionSettings(max_recall_nodes=max_nodes, llm_candidate_pool=pool, top_k=20),
         ContextSettings(),
         ScoringSettings(),
@@ -76,6 +76,34 @@ class TestSceneReconstruction:
 
     def test_scenario_35_limit_two(self):
         assert sel(stage(max_nodes=2).run(scene_state())) == ["ev-4", "loc-1"]
+
+    def crowded_state(self):
+        """ev-a (ranked 1st) has two character neighbours; ev-c (ranked 2nd) and ev-b (3rd) are selected too."""
+        g = graph(
+            [node("ev-a", "event", seq=10), node("ev-b", "event", seq=30), node("ev-c", "event", seq=50),
+             node("c-1", "character", seq=10), node("c-2", "character", seq=10)],
+            [edge("ev-a", "c-1"), edge("ev-a", "c-2")],
+        )
+        snap = snapshot(g)
+        rows = [("ev-a", 0.5), ("ev-c", 0.4), ("ev-b", 0.3), ("c-1", 0.1), ("c-2", 0.1)]
+        return scored_state(snap, rows, selection=["ev-a", "ev-c", "ev-b"])
+
+    def test_reference_crowding_without_keep_top_ranked(self):
+        """§3.16 step 3 as the reference: ev-a's neighbours fill the cap, the 2nd-ranked ev-c is cut."""
+        r = stage(max_nodes=3, keep_top_ranked=0).run(self.crowded_state())
+        assert sel(r) == ["ev-a", "c-1", "c-2"]
+
+    def test_keep_top_ranked_puts_back_a_crowded_out_row(self):
+        """owners.py departure: the 2nd-ranked selected row replaces the last reconstruction addition."""
+        r = stage(max_nodes=3, keep_top_ranked=2).run(self.crowded_state())
+        assert sel(r) == ["ev-a", "c-1", "ev-c"]
+        assert r.state.meta["selectionOrigins"] == {"ev-a": "score", "c-1": "scene-reconstruction", "ev-c": "score"}
+        assert r.state.meta["sceneReconstructionAdded"] == ["c-1"]
+
+    def test_keep_top_ranked_gives_way_only_to_reconstruction(self):
+        """Rows in ranking order up to the limit; selected rows are never dropped for them."""
+        r = stage(max_nodes=3, keep_top_ranked=5).run(self.crowded_state())
+        assert sel(r) == ["ev-a", "ev-c", "ev-b"]
 
     def test_disabled_keeps_the_selection(self):
         assert sel(stage(reconstruction=False).run(scene_state())) == ["ev-4"]
@@ -277,11 +305,13 @@ class TestOwnerPovAugmentation:
         assert r.state.final_owner_mode == "fallback"
         assert sel(r) == ["pov-a", "pov-b"]
 
-    def test_pov_already_in_the_head_is_not_moved(self):
+    def test_pov_already_selected_is_moved_to_the_front(self):
+        """Departure §7 item 6: the reference left a selected POV where it was, where scene reconstruction or the
+        cap could still cut it; it goes first."""
         rows = [("ev-1", 0.5), ("pov-a", 0.4), ("ev-2", 0.3)]
         state = owners_state(rows, ["ev-1", "pov-a", "ev-2"], context=ContextInfo())
         r = stage(max_nodes=2, reconstruction=False).run(state)
-        assert sel(r) == ["ev-1", "pov-a"]
+        assert sel(r) == ["pov-a", "ev-1"]
 
     def test_request_owner_gets_only_its_own_pov(self):
         """Departure 2: pov-b's owner was not named, so pov-b is not pulled in although it is scored."""
@@ -306,13 +336,13 @@ class TestMeta:
                              meta={"knowledgeVisibleOwnersByNode": {"ev-1": ["character:艾琳"]}})
         r = stage(max_nodes=3, reconstruction=False).run(state)
         meta = r.state.meta
-        assert sel(r) == ["ev-1", "pov-a"]
+        assert sel(r) == ["pov-a", "ev-1"]  # the owner's POV goes first (owners.py, departure §7 item 6)
         assert meta["selectedByBucket"] == {"objectiveGlobal": ["ev-1"], "characterPov": ["pov-a"]}
         assert meta["selectedByKnowledgeState"]["ev-1"] == {
             "mode": "soft-visible", "anchored": False, "rescued": False, "ownerCoverage": 1.0,
             "visibilityScore": 0.6, "visibleOwnerKeys": ["character:艾琳"], "suppressedOwnerKeys": [],
         }
-        assert meta["selectedByOwner"] == {"character:艾琳": ["ev-1", "pov-a"]}
+        assert meta["selectedByOwner"] == {"character:艾琳": ["pov-a", "ev-1"]}
         assert meta["selectedByStoryTime"]["ev-1"] == {"storyTimeLabel": "", "temporalBucket": "undated",
                                                       "temporalWeight": 1.0}
         assert meta["activeRecallOwnerKey"] == "character:艾琳"
