@@ -150,12 +150,12 @@ class RecallController:
         chat = req.chat_id
         current_version = self.store.chat_version(chat)
         target = resolved.target_user_floor
-        record = self.store.get_record(chat, target) if target is not None else None
+        record = self.store.get_record(chat, target) if target is not None and req.persist else None
         decision = reuse_decision(
             req, resolved, record, current_version=current_version,
             replay_stale=settings.controller.replay_stale_records,
         )
-        if decision.reuse and decision.record is not None:
+        if decision.reuse and decision.record is not None and req.persist:
             return self._replay(req, resolved, decision.record, current_version, decision.why, now, start)
         return self._fresh(req, resolved, settings, now, start, reuse_why=decision.why, previous=record)
 
@@ -289,7 +289,10 @@ class RecallController:
                 updated_at=now,
             )
         step = settings.reinforcement.importance_step if settings.reinforcement.enabled else 0.0
-        record, version = self._persist(chat, model_id, record, reinforce_ids, snapshot.version, now, step)
+        if req.persist:
+            record, version = self._persist(chat, model_id, record, reinforce_ids, snapshot.version, now, step)
+        else:  # evaluation / what-if run: nothing is written (see RecallRequest.persist)
+            record, version, reinforce_ids = None, snapshot.version, []
         timings = dict(result.timings)
         timings["total"] = (time.perf_counter() - start) * 1000.0
         return RecallResponse(

@@ -91,6 +91,10 @@ class RecallRequest(BaseModel):
     override_source: StrictStr = Field(default="", max_length=100)
     send_intent: StrictStr = Field(default="", max_length=MAX_MESSAGE_CHARS)
     dry_run: StrictBool = False
+    #: ``False``: a what-if/evaluation run — always a fresh retrieval, no record read or written and no access
+    #: reinforcement, so the chat's graph and records are exactly as before (offline evaluation asks many
+    #: questions at one floor; persisting would let question order change later answers).
+    persist: StrictBool = True
     #: Explicit re-recall of the target floor: always a fresh retrieval (departure 7, fixes §7 item 11).
     rerecall: StrictBool = False
     active_region: StrictStr = Field(default="", max_length=200)

@@ -15,10 +15,11 @@ LoCoMo protocol (issue 7)
       LoCoMo's dates are years old; with the wall clock as ``now`` every turn would sit at the far end of the
       time decay. A user asking right after the last session is what the benchmark models.
     * Question: asked as the user turn after the last session (``user_floor`` = number of turns), through one
-      injectable *recall function* (:data:`RecallFn`; :func:`pipeline_recall` calls
-      :func:`~memory_recall.pipeline.retrieve.retrieve` — switch the default to the controller's ``run_recall``
-      once it exists). Recent context = the last ``query_plan.recent_context_messages`` turns of the final
-      session as ``[user]: …`` / ``[assistant]: …`` lines; ``--no-context`` asks the question alone.
+      controller a host uses: :func:`controller_recall` sends a ``RecallRequest`` (the final session's turns plus
+      the question as the next user floor, ``persist=False`` so no record is written and nothing is reinforced)
+      to :meth:`RecallController.run_recall`, which keeps its ``controller.recent_context_messages`` last lines as
+      the recent context; ``--no-context`` sends the question alone. Tests may inject a :data:`RecallFn` instead
+      (:func:`pipeline_recall` calls :func:`~memory_recall.pipeline.retrieve.retrieve` directly).
     * Units: ``message`` nodes, mapped to dia_ids through ``node.evidence``; other selected nodes (characters,
       entities) are skipped when cutting the top k. The pipeline normally selects ``max_recall_nodes`` (12)
       nodes; to rank k = 25 turns the evaluation raises the selection sizes through settings overrides
@@ -94,6 +95,35 @@ def pipeline_recall(
     return list(retrieve(snapshot, query, settings, providers, ablate=ablate).selected_node_ids)
 
 
+def controller_recall(
+    chat: EvalChat,
+    question: EvalQuestion,
+    settings: RecallSettings,
+    embedder: Any,
+    ablate: frozenset[str],
+    cache: Any,
+) -> list[str]:
+    """The default path: one :class:`~memory_recall.controller.RecallRequest` through
+    :meth:`RecallController.run_recall`, exactly as a host asks, with ``persist=False`` (no record read or written,
+    no access reinforcement: question order cannot change later results). The question is the last user floor of
+    ``question.messages``; the controller builds the recent-context lines from the messages before it."""
+    from functools import partial
+
+    from memory_recall.controller import RecallController, RecallRequest
+
+    controller = RecallController(
+        chat.store, settings, embedder=embedder, snapshot_cache=cache, pipeline=partial(retrieve, ablate=ablate),
+    )
+    floor = question.messages[-1].floor
+    response = controller.run_recall(RecallRequest(
+        chat_id=chat.chat_id, messages=list(question.messages), target_user_floor=floor,
+        now_ms=question.query.now_ms, persist=False,
+    ))
+    if response.status != "completed":
+        raise MemoryRecallError(f"recall of {question.qid} ended {response.status}: {response.reason}")
+    return list(response.selected_node_ids)
+
+
 def eval_overrides(max_k: int, settings: RecallSettings) -> dict[str, dict[str, Any]]:
     """Selection sizes large enough to rank ``max_k`` units (twice as many nodes: non-unit nodes such as
     characters and entities take selection slots too), LLM rerank off."""
@@ -140,6 +170,8 @@ class EvalQuestion:
     category: int = 0
     must_not: tuple[str, ...] = ()
     qid: str = ""
+    #: The request's chat messages for the controller path (recent turns + the question as the last user floor).
+    messages: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -153,6 +185,7 @@ class EvalChat:
     search: Callable[[list[str], int], list[tuple[str, float]]]
     unit_ids: list[str] = field(default_factory=list)  # node ids of units with a vector (dense baseline)
     unit_vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    store: Any = None  # the store the controller path reads (None: only an injected recall function can run)
 
 
 def _units(ranked_nodes: Iterable[str], unit_of: Mapping[str, str], depth: int) -> tuple[str, ...]:
@@ -204,6 +237,7 @@ def _prepare_chat(store: Any, chat_id: str, embedder: Any, now_ms: int, unit_typ
         search=lambda terms, limit: store.bm25(chat_id, terms, limit),
         unit_ids=[snap.ids[i] for i in rows],
         unit_vectors=snap.embeddings[rows] if rows else np.zeros((0, max(snap.dim, 1)), np.float32),
+        store=store,
     )
     return chat
 
@@ -217,7 +251,7 @@ def _evaluate(
     embedder: Any,
     baselines: bool,
     ablate: Sequence[str],
-    recall_fn: RecallFn,
+    recall_fn: RecallFn | None,
     quiet: bool,
 ) -> dict[str, list[QuestionOutcome]]:
     """Every system's outcome for every question (systems in report order)."""
@@ -230,6 +264,9 @@ def _evaluate(
     if baselines:
         for name in ("bm25", "dense", "rrf"):
             outcomes[name] = []
+    from memory_recall.store.snapshot import SnapshotCache
+
+    cache = SnapshotCache()  # one snapshot per chat, shared by every system (nothing is written between questions)
     bar = _progress(len(questions) * n_runs, quiet, "recall")
     try:
         for q in questions:
@@ -239,7 +276,10 @@ def _evaluate(
                 if timed is not None:
                     timed.spent_ms = 0.0
                 start = time.perf_counter()
-                ranked = recall_fn(chat.snapshot, q.query, settings, providers, ablated)
+                if recall_fn is None:
+                    ranked = controller_recall(chat, q, settings, timed, ablated, cache)
+                else:
+                    ranked = list(recall_fn(chat.snapshot, q.query, settings, providers, ablated))
                 took = (time.perf_counter() - start) * 1000.0
                 spent = timed.spent_ms if timed is not None else 0.0
                 outcomes[name].append(QuestionOutcome(
@@ -288,6 +328,14 @@ def _run_baselines(
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _final_session(messages: Sequence[Any]) -> list[Any]:
+    """The messages of the final session (LoCoMo's ``session`` extra)."""
+    if not messages:
+        return []
+    session = messages[-1].extra.get("session")
+    return [m for m in messages if m.extra.get("session") == session]
+
+
 def _context_lines(messages: Sequence[Any], count: int) -> tuple[str, ...]:
     """The last ``count`` turns of the final session as ``[user]: …`` / ``[assistant]: …`` lines."""
     if not messages or count <= 0:
@@ -309,12 +357,13 @@ def run_locomo(
     data_dir: str | Path | None = None,
     settings: RecallSettings | None = None,
     embedder: Any = "default",
-    recall_fn: RecallFn = pipeline_recall,
+    recall_fn: RecallFn | None = None,
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Run the LoCoMo evaluation (see the module docstring); writes the outputs and returns ``metrics.json``."""
     from memory_recall.ingest.locomo import load_locomo
     from memory_recall.ingest.messages import ingest_messages, parse_message_date
+    from memory_recall.model.chat import ChatMessage
     from memory_recall.store import Store, default_data_dir
 
     ks = _check_ks(ks)
@@ -338,6 +387,9 @@ def run_locomo(
             ingest_messages(store, chat_id, conv.messages, now_ms=now_ms)
             chats[chat_id] = _prepare_chat(store, chat_id, embedder, now_ms, "message")
             recent = _context_lines(conv.messages, base.query_plan.recent_context_messages) if context else ()
+            # The controller path gets the final session's turns (it keeps controller.recent_context_messages of
+            # them as context lines) and the question as the next user floor.
+            prior = _final_session(conv.messages) if context else []
             for i, item in enumerate(conv.questions):
                 if limit_questions is not None and len(questions) >= limit_questions:
                     break
@@ -351,6 +403,7 @@ def run_locomo(
                     relevant=item.evidence,
                     category=item.category,
                     qid=f"{chat_id}#{i}",
+                    messages=(*prior, ChatMessage(floor=len(conv.messages), role="user", text=item.question)),
                 ))
         outcomes = _evaluate(
             chats, questions, ks=ks, settings=eval_settings, embedder=embedder, baselines=baselines,
@@ -394,7 +447,7 @@ def run_fixtures(
     data_dir: str | Path | None = None,
     settings: RecallSettings | None = None,
     embedder: Any = "default",
-    recall_fn: RecallFn = pipeline_recall,
+    recall_fn: RecallFn | None = pipeline_recall,
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Run the fixture evaluation (see the module docstring); writes ``metrics.json`` and ``report.md``."""

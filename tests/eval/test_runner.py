@@ -212,3 +212,33 @@ class TestCommandLine:
         code = main(["locomo", str(tiny), "--ablate", "nope", "--data-dir", str(tmp_path), "--quiet"])
         assert code == 2
         assert "unknown stage" in capsys.readouterr().err
+
+
+class TestControllerPath:
+    def test_default_path_writes_nothing_and_is_order_independent(self, tiny: Path, tmp_path: Path) -> None:
+        from memory_recall.store import Store
+
+        first = run_locomo(
+            tiny, ks=(1, 5), out=tmp_path / "a", data_dir=tmp_path / "store", embedder=BagOfWords(), quiet=True,
+        )
+        store = Store.open(tmp_path / "store")
+        try:
+            version = store.chat_version("tiny")
+            assert store.list_records("tiny") == []
+        finally:
+            store.close()
+        run_locomo(
+            tiny, ks=(1, 5), out=tmp_path / "b", data_dir=tmp_path / "store", embedder=BagOfWords(), quiet=True,
+            limit_questions=1,
+        )
+        store = Store.open(tmp_path / "store")
+        try:
+            assert store.chat_version("tiny") == version  # persist=False: no reinforcement, no record
+            assert store.list_records("tiny") == []
+        finally:
+            store.close()
+        rows_a = (tmp_path / "a" / "rankings.jsonl").read_text(encoding="utf-8").splitlines()
+        rows_b = (tmp_path / "b" / "rankings.jsonl").read_text(encoding="utf-8").splitlines()
+        # the first question ranks the same whether it is asked first of three or alone
+        assert json.loads(rows_b[0])["ranked"]["memory-recall"] == json.loads(rows_a[0])["ranked"]["memory-recall"]
+        assert first["systems"]["memory-recall"]["recall"]["5"] > 0.0
