@@ -613,6 +613,8 @@ class _Importer:
             self.warn(f"{where}.seq: {seq_value!r} is not a number; 0 used")
         seq = math.floor(seq_f) if seq_f is not None else 0
         importance = _finite(item.get("importance"))
+        if importance is None and item.get("importance") is not None:
+            self.warn(f"{where}.importance: {item.get('importance')!r} is not a finite number; 5 used")
         level = _finite(item.get("level"))
         access = _finite(item.get("accessCount"))
         created = self.millis(item.get("createdTime"), f"{where}.createdTime")
@@ -670,6 +672,8 @@ class _Importer:
             self.warn(f"{where}.relation: longer than 64 characters; cut")
             relation = relation[:64]
         strength = _finite(item.get("strength"))
+        if strength is None and item.get("strength") is not None:
+            self.warn(f"{where}.strength: {item.get('strength')!r} is not a finite number; 0.8 used")
         edge_type_f = _finite(item.get("edgeType"))
         edge_type = 0
         if edge_type_f is not None and edge_type_f == math.floor(edge_type_f) and 0 <= edge_type_f <= 255:

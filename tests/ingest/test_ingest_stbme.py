@@ -478,6 +478,13 @@ class TestNodeRules:
         )
         assert report.warnings == ["nodes[0].storyTime: unknown keys mood dropped"]
 
+    def test_non_finite_importance_is_reported(self) -> None:
+        """``Infinity``/``NaN`` (Python's json reads them) fall back to 5 — and the import says so."""
+        raw = json.loads('{"nodes": [{"id": "n1", "type": "event", "importance": Infinity}], "edges": []}')
+        report = import_stbme_report(raw, now_ms=NOW)
+        assert report.graph.nodes[0].importance == 5.0
+        assert report.warnings == ["nodes[0].importance: inf is not a finite number; 5 used"]
+
     def test_dangling_prev_id_warns_and_is_kept(self) -> None:
         report = import_stbme_report(_graph(_node(prevId="ghost")), now_ms=NOW)
         assert report.graph.nodes[0].prev_id == "ghost"
@@ -518,6 +525,12 @@ class TestEdgeRules:
             "edges[3]: duplicate edge id 'ok' skipped",
             "edges[4]: missing fromId/toId; skipped",
         ]
+
+    def test_non_finite_strength_is_reported(self) -> None:
+        raw = _graph(_node("a"), _node("b"), edges=[{"id": "e", "fromId": "a", "toId": "b", "strength": float("nan")}])
+        report = import_stbme_report(raw, now_ms=NOW)
+        assert report.graph.edges[0].strength == 0.8
+        assert report.warnings == ["edges[0].strength: nan is not a finite number; 0.8 used"]
 
     def test_import_stbme_keeps_going_on_warnings(self) -> None:
         edges = [{"id": "dangling", "fromId": "a", "toId": "ghost"}]
