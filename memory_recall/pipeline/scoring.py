@@ -68,7 +68,7 @@ Departures (recall-spec)
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -76,7 +76,12 @@ import numpy as np
 
 from memory_recall.model.graph import PRIMARY_LEXICAL_FIELDS, SECONDARY_LEXICAL_FIELDS, Node
 from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask
-from memory_recall.pipeline.kernels.lexical import lexical_score, prepare_sources
+from memory_recall.pipeline.kernels.lexical import (
+    PreparedNode,
+    prepare_node,
+    prepare_sources,
+    prepared_lexical_score,
+)
 from memory_recall.pipeline.kernels.scoring import hybrid_score
 from memory_recall.pipeline.state import (
     ContextInfo,
@@ -235,6 +240,38 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
 
     value, _ = cached(snapshot, ("scoring-arrays",), build)
     return value
+
+
+#: Prepared lexical fields kept per snapshot before the table is emptied (bounds memory on a huge graph whose
+#: recalls keep touching new nodes; emptying only costs re-preparing the fields of the next candidates).
+MAX_PREPARED_NODES = 50_000
+
+
+def _prepared_fields(snapshot: GraphSnapshot) -> Callable[[int], PreparedNode | None]:
+    """``fields_of(i)``: node ``i``'s lexical fields normalised (:func:`prepare_node`), None when the node has no
+    primary or secondary text (its field match is 0).
+
+    Prepared lazily, for the candidates a recall actually scores, and kept with the snapshot (departure 11):
+    a node's fields only change with a new store version, i.e. a new snapshot, so the table never goes stale.
+    The values equal what :func:`~memory_recall.pipeline.kernels.lexical.lexical_score` computes from the node's
+    fields on every call (tested); only the normalisation work is saved.
+    """
+    table: dict[int, PreparedNode | None]
+    table, _ = cached(snapshot, ("lexical-fields",), dict)
+
+    def fields_of(i: int) -> PreparedNode | None:
+        if i in table:
+            return table[i]
+        raw = snapshot.node(i)
+        primary = [t for key in PRIMARY_LEXICAL_FIELDS for t in raw.field_text(key)]
+        secondary = [t for key in SECONDARY_LEXICAL_FIELDS for t in raw.field_text(key)]
+        node = prepare_node(primary, secondary) if primary or secondary else None
+        if len(table) >= MAX_PREPARED_NODES:
+            table.clear()
+        table[i] = node  # racing threads store equal values: harmless
+        return node
+
+    return fields_of
 
 
 # --- scope buckets (§1.4) -----------------------------------------------------------------------------------
@@ -758,13 +795,11 @@ class ScoringStage:
         prepared = prepare_sources(sources)
         field_match = np.zeros(m)
         if prepared.items:
-            snap = state.snapshot
+            fields_of = _prepared_fields(state.snapshot)
             for r, i in enumerate(idx.tolist()):  # the one per-candidate loop: it needs the node's fields
-                node = snap.node(i)
-                primary = [t for key in PRIMARY_LEXICAL_FIELDS for t in node.field_text(key)]
-                secondary = [t for key in SECONDARY_LEXICAL_FIELDS for t in node.field_text(key)]
-                if primary or secondary:
-                    field_match[r] = lexical_score(primary, secondary, prepared)
+                node = fields_of(i)
+                if node is not None:
+                    field_match[r] = prepared_lexical_score(node, prepared)
         field_match = field_match * float(self.lexical.field_match_weight)
         if self.lexical.enable_bm25:
             return np.maximum(field_match, np.clip(bm25, 0.0, 1.0))

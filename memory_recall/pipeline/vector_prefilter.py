@@ -13,9 +13,10 @@ Writes
       aligned with ``plan.vector_queries``), ``state.vector_status``.
     * meta ``vectorHits`` (= raw hit count), ``vectorMergedHits`` (reference §3.21).
 Search
-    One product ``Q · Eᵀ`` for all queries; per query keep cosine > 0 among active nodes with a vector, the
-    first ``topK`` by cosine desc (ties in graph order, as the reference's stable sort) via ``argpartition``;
-    multiply by the part weight. Merge (:func:`merge_vector_hits`): max weighted score per node (on equal
+    One float32 product ``Q · Eᵀ`` for all queries (:func:`query_similarities`); per query keep cosine > 0
+    among active nodes with a vector, the first ``topK`` by cosine desc (ties in graph order, as the
+    reference's stable sort) via a sampled lower bound and a partition (:func:`top_k_per_query`); multiply
+    by the part weight. Merge (:func:`merge_vector_hits`): max weighted score per node (on equal
     weighted scores the earlier query wins and gives the raw cosine), sort weighted desc then node id.
 Failure policy (recall-spec departure 3, fixing §7 items 20–21)
     An :class:`~memory_recall.errors.EmbeddingUnavailable` from the embedder, a query vector whose dimension
@@ -54,7 +55,14 @@ from memory_recall.pipeline.state import (
 )
 from memory_recall.settings import SelectionSettings, VectorSettings
 
-__all__ = ["MIN_MERGE_LIMIT", "VectorPrefilterStage", "merge_vector_hits", "merge_limit", "top_k_per_query"]
+__all__ = [
+    "MIN_MERGE_LIMIT",
+    "VectorPrefilterStage",
+    "merge_limit",
+    "merge_vector_hits",
+    "query_similarities",
+    "top_k_per_query",
+]
 
 #: ``mergeVectorResults`` keeps ``max(2·topK, 24)`` hits (reference §3.7, §5.3).
 MIN_MERGE_LIMIT = 24
@@ -67,22 +75,48 @@ def merge_limit(top_k: int) -> int:
     return max(2 * top_k, MIN_MERGE_LIMIT)
 
 
+#: Sampling stride of :func:`top_k_per_query`'s threshold estimate, and the row length (in multiples of ``k``)
+#: from which the estimate pays off.
+_SAMPLE_STRIDE = 16
+_SAMPLE_MIN_ROW = 64
+
+
 def top_k_per_query(sims: np.ndarray, eligible: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per row of ``sims`` (q × n): the indices and cosines of the first ``k`` eligible nodes with cosine > 0,
-    cosine desc, ties in graph (index) order. Rows are handled with ``argpartition``; O(q·n)."""
+    cosine desc, ties in graph (index) order. O(q·n).
+
+    On a long row a lower bound of the k-th best cosine is read off every 16th eligible value (the k-th best
+    of a subset is ≤ the k-th best of the row), and only the values ≥ it are gathered, widened and partitioned
+    (about 16·k of them instead of half the row); the result is the same as without the bound.
+    """
     out: list[tuple[np.ndarray, np.ndarray]] = []
     for row in sims:
-        idx = np.flatnonzero(eligible & (row > 0))
+        keep = eligible & (row > 0)
+        if k > 0 and row.size >= _SAMPLE_MIN_ROW * k:
+            sample = row[::_SAMPLE_STRIDE][keep[::_SAMPLE_STRIDE]]
+            if sample.size >= k:
+                keep &= row >= np.partition(sample, sample.size - k)[sample.size - k]
+        idx = np.flatnonzero(keep)
         scores = row[idx].astype(np.float64)
         if idx.size > k:
             # Keep all scores tied with the k-th best: a tie at the boundary then breaks by node index
             # (graph order), not by argpartition's arbitrary order.
             kth = -np.partition(-scores, k - 1)[k - 1]
-            keep = scores >= kth
-            idx, scores = idx[keep], scores[keep]
+            tied = scores >= kth
+            idx, scores = idx[tied], scores[tied]
         order = np.lexsort((idx, -scores))[:k]
         out.append((idx[order], scores[order]))
     return out
+
+
+def query_similarities(embeddings: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """``queries @ embeddings.T`` (q × n, float32), every query in one product.
+
+    Computed as ``(embeddings @ queries.T).T``: the same single-precision GEMM with the long node matrix as
+    the left operand, which OpenBLAS runs about 1.5× faster for a handful of queries and which gives the same
+    bits (checked for 1–8 queries at 1k–100k nodes; one query is a GEMV either way).
+    """
+    return np.ascontiguousarray((embeddings @ queries.T).T)
 
 
 def merge_vector_hits(
@@ -200,7 +234,7 @@ class VectorPrefilterStage(TimedStage):
             vectors.append(vec / norm)
         q_matrix = np.stack(vectors)
 
-        sims = q_matrix @ snap.embeddings.T  # (q × d)·(d × n): every query in one product
+        sims = query_similarities(snap.embeddings, q_matrix)
         k = self.selection.top_k
         per_query = [
             (idx, scores * weight, scores)

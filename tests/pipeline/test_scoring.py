@@ -90,6 +90,80 @@ class TestScenario6Lexical:
         assert table.final_score[0] == pytest.approx(0.1 * 0.5 / 1.0, abs=1e-15)  # δ = 0: weight sum 1.0
 
 
+class TestLexicalFieldCache:
+    """The stage keeps each candidate's prepared lexical fields with the snapshot; the scores must be exactly
+    what the kernel computes from the node's fields on every call."""
+
+    def _graph(self):
+        return make_graph(
+            [
+                make_node("alice", name="Alice", summary="常驻角色，住在钟楼"),
+                make_node("tower", "location", name="Bell Tower", summary="The old tower by the harbour"),
+                make_node("ev", "event", title="Ａlice rang the bell", participants=["Alice", "Bram"]),
+                make_node("cafe", "event", summary="café at the Old Market", status="open"),
+                make_node("blank", "event"),  # no lexical field at all
+                make_node("lic", "event", summary="lic"),  # inside "alice": containment, no shared unit
+            ]
+        )
+
+    def _plain_scores(self, snap, message: str) -> dict[str, float]:
+        from memory_recall.model.graph import PRIMARY_LEXICAL_FIELDS, SECONDARY_LEXICAL_FIELDS
+        from memory_recall.pipeline.kernels import lexical_score
+
+        sources = make_state(snap, message).plan.lexical_sources
+        out = {}
+        for i, node_id in enumerate(snap.ids):
+            node = snap.node(i)
+            primary = [t for key in PRIMARY_LEXICAL_FIELDS for t in node.field_text(key)]
+            secondary = [t for key in SECONDARY_LEXICAL_FIELDS for t in node.field_text(key)]
+            out[node_id] = lexical_score(primary, secondary, sources) if primary or secondary else 0.0
+        return out
+
+    @pytest.mark.parametrize("message", ["Alice at the bell tower?", "钟楼 alice", "Café, old market", "zzz"])
+    def test_cold_and_warm_cache_give_the_uncached_scores(self, message: str) -> None:
+        from memory_recall.pipeline._graph_cache import cached
+
+        snap = make_snapshot(self._graph())
+        cold = run_scoring(make_state(snap, message)).state
+        table, was_cached = cached(snap, ("lexical-fields",), dict)
+        assert was_cached and sorted(table) == list(range(snap.n))  # filled for every candidate scored
+        assert table[snap.ids.index("blank")] is None
+        warm = run_scoring(make_state(snap, message)).state
+        assert_same(cold.scored, warm.scored)
+        assert cold.meta == warm.meta
+        lexical = dict(zip(ids_of(snap, cold.scored.index), cold.scored.lexical_score.tolist(), strict=True))
+        plain = self._plain_scores(snap, message)
+        assert lexical == {k: plain[k] for k in lexical}
+        assert any(v > 0 for v in lexical.values()) == (message != "zzz")
+
+    def test_only_candidates_are_prepared(self) -> None:
+        from memory_recall.pipeline._graph_cache import cached
+
+        snap = make_snapshot(self._graph())
+        run_scoring(make_state(snap, "alice", candidates=candidates_for(snap, ["tower", "ev"])))
+        table, _ = cached(snap, ("lexical-fields",), dict)
+        assert sorted(table) == sorted(snap.ids.index(x) for x in ("tower", "ev"))
+
+    def test_emptied_table_gives_the_same_scores(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import memory_recall.pipeline.scoring as scoring_module
+
+        snap = make_snapshot(self._graph())
+        expected = run_scoring(make_state(snap, "Alice at the bell tower?")).state.scored
+        fresh = make_snapshot(self._graph())
+        monkeypatch.setattr(scoring_module, "MAX_PREPARED_NODES", 2)
+        got = run_scoring(make_state(fresh, "Alice at the bell tower?")).state.scored
+        from memory_recall.pipeline._graph_cache import cached
+
+        assert len(cached(fresh, ("lexical-fields",), dict)[0]) <= 2
+        assert_same(expected, got)
+
+    def test_a_new_snapshot_sees_changed_fields(self) -> None:
+        snap = make_snapshot(make_graph([make_node("n", name="Alice")]))
+        assert run_scoring(make_state(snap, "alice")).state.scored.lexical_score.tolist() == [1.0]
+        changed = make_snapshot(make_graph([make_node("n", name="Bob")]))
+        assert run_scoring(make_state(changed, "alice")).state.scored.lexical_score.tolist() == [0.0]
+
+
 class TestScenario10Hybrid:
     def _final(self, cfg=None, **cols) -> float:
         snap = make_snapshot(make_graph([make_node("n", importance=cols.pop("importance"))]))

@@ -13,7 +13,8 @@ module              functions                                                   
 ``residual``        :func:`nmf_query_analysis`, :func:`residual_novelty`,       §3.10 steps 3–4
                     :func:`sparse_code_residual`
 ``lexical``         :func:`lexical_units`, :func:`field_match`,                 §3.12 step 1
-                    :func:`lexical_score`, :func:`prepare_sources`
+                    :func:`lexical_score`, :func:`prepare_sources`,
+                    :func:`prepare_node`, :func:`prepared_lexical_score`
 ``scoring``         :func:`time_decay`, :func:`hybrid_score`                    §1.9, §3.12 step 2
 ``cooccurrence``    :func:`build_cooccurrence_index`, :func:`cooccurrence_boost`,  §3.11
                     :func:`cooccurrence_neighbors`, :func:`id_order_key`
@@ -41,10 +42,15 @@ from memory_recall.pipeline.kernels.diffusion import (
 from memory_recall.pipeline.kernels.diversity import dpp_greedy_select
 from memory_recall.pipeline.kernels.lexical import (
     LexicalSources,
+    PreparedField,
+    PreparedNode,
     field_match,
     lexical_score,
     lexical_units,
+    prepare_field,
+    prepare_node,
     prepare_sources,
+    prepared_lexical_score,
 )
 from memory_recall.pipeline.kernels.residual import (
     NmfAnalysis,
@@ -66,6 +72,8 @@ __all__ = [
     "HybridParts",
     "LexicalSources",
     "NmfAnalysis",
+    "PreparedField",
+    "PreparedNode",
     "ResidualNovelty",
     "SparseCode",
     "build_adjacency",
@@ -79,7 +87,10 @@ __all__ = [
     "lexical_score",
     "lexical_units",
     "nmf_query_analysis",
+    "prepare_field",
+    "prepare_node",
     "prepare_sources",
+    "prepared_lexical_score",
     "propagate",
     "rank",
     "residual_novelty",

@@ -18,6 +18,11 @@ Public functions
 * :func:`prepare_sources` ``(sources, *, reference=False) -> LexicalSources`` — normalises the sources and
   computes their units once; pass the result to :func:`lexical_score` / :func:`field_match` for every
   candidate of a recall (the kernel runs per candidate, a few hundred times).
+* :func:`prepare_field` / :func:`prepare_node` ``(primary_texts, secondary_texts, *, reference=False) ->
+  PreparedNode`` — a node's fields normalised once (text, JS length, units of each primary and secondary field
+  and of their join); :func:`prepared_lexical_score` ``(node, sources) -> float`` is then exactly
+  :func:`lexical_score` without any normalisation, so a caller can cache prepared nodes per graph snapshot.
+  :func:`lexical_score` itself is ``prepared_lexical_score(prepare_node(...), prepare_sources(...))``.
 
 Unit classes
 ------------
@@ -53,7 +58,18 @@ from dataclasses import dataclass
 
 from memory_recall.text.normalize import js_len, normalize_lexical
 
-__all__ = ["LexicalSources", "field_match", "lexical_score", "lexical_units", "prepare_sources"]
+__all__ = [
+    "LexicalSources",
+    "PreparedField",
+    "PreparedNode",
+    "field_match",
+    "lexical_score",
+    "lexical_units",
+    "prepare_field",
+    "prepare_node",
+    "prepare_sources",
+    "prepared_lexical_score",
+]
 
 # Reference §3.12 step 1: runs of [a-z0-9] or of U+4E00–U+9FFF.
 _REF_TOKEN = re.compile(r"[a-z0-9]+|[\u4e00-\u9fff]+")
@@ -124,6 +140,16 @@ class LexicalSources:
     items: tuple[_Source, ...]
     reference: bool = False
 
+    @functools.cached_property
+    def units(self) -> frozenset[str]:
+        """Union of the units of every source."""
+        return frozenset().union(*(src.units for src in self.items))
+
+    @functools.cached_property
+    def haystack(self) -> str:
+        """The source texts joined by line feeds (which no normalised text contains)."""
+        return "\n".join(src.text for src in self.items)
+
 
 def prepare_sources(sources: Sequence[str] | LexicalSources, *, reference: bool = False) -> LexicalSources:
     """Normalise the query sources once; empty ones are dropped (they never match)."""
@@ -139,26 +165,86 @@ def prepare_sources(sources: Sequence[str] | LexicalSources, *, reference: bool 
     return LexicalSources(tuple(items), reference)
 
 
+@dataclass(frozen=True)
+class PreparedField:
+    """One node field normalised once: text, JS length and unit set (:func:`prepare_field`)."""
+
+    text: str
+    length: int
+    units: frozenset[str]
+
+
+@dataclass(frozen=True)
+class PreparedNode:
+    """A node's lexical fields normalised once (:func:`prepare_node`); ``units`` is the union of the units of
+    every field (used to skip the unit-overlap step when it cannot contribute)."""
+
+    primary: tuple[PreparedField, ...]
+    secondary: tuple[PreparedField, ...]
+    joined: PreparedField | None
+    units: frozenset[str]
+
+    @functools.cached_property
+    def fields(self) -> tuple[PreparedField, ...]:
+        """Every prepared field: primary, secondary, then the joined text."""
+        return (*self.primary, *self.secondary, *((self.joined,) if self.joined is not None else ()))
+
+    @functools.cached_property
+    def haystack(self) -> str:
+        """The field texts joined by line feeds (which no normalised text contains)."""
+        return "\n".join(f.text for f in self.fields)
+
+
+def prepare_field(field: object, *, reference: bool = False) -> PreparedField | None:
+    """``field`` normalised with its JS length and units; None when it normalises to "" (it never matches)."""
+    f = _normalise(field, reference)
+    if not f:
+        return None
+    return PreparedField(f, js_len(f), frozenset(_units_of_normalised(f, reference)))
+
+
+def prepare_node(
+    primary_texts: Sequence[str], secondary_texts: Sequence[str], *, reference: bool = False
+) -> PreparedNode:
+    """The fields :func:`lexical_score` reads, prepared once: scoring a prepared node against any sources
+    (:func:`prepared_lexical_score`) gives exactly ``lexical_score(primary_texts, secondary_texts, sources)``.
+    Empty fields are dropped (their match is 0)."""
+    primary = tuple(p for p in (prepare_field(t, reference=reference) for t in primary_texts) if p is not None)
+    secondary = tuple(p for p in (prepare_field(t, reference=reference) for t in secondary_texts) if p is not None)
+    joined_text = " ".join(str(t) for t in (*primary_texts, *secondary_texts) if t is not None)
+    joined = prepare_field(joined_text, reference=reference)
+    units = frozenset().union(*(p.units for p in (*primary, *secondary, *((joined,) if joined else ()))))
+    return PreparedNode(primary, secondary, joined, units)
+
+
+def _prepared_match(
+    f: PreparedField, prepared: LexicalSources, exact: float, includes: float, overlap: float, units_meet: bool
+) -> float:
+    # ``units_meet`` False: no source unit occurs in this node, every overlap term is 0 and is skipped.
+    # Every candidate value is ≥ 0 and finite, so ``if value > best`` is ``best = max(best, value)``.
+    best = 0.0
+    text, length, units = f.text, f.length, f.units
+    for src in prepared.items:
+        if src.text == text:
+            if exact > best:
+                best = exact
+            continue
+        if src.length >= 2 and length >= 2 and includes > best and (src.text in text or text in src.text):
+            best = includes
+        if units_meet and src.units:
+            value = overlap * len(src.units & units) / len(src.units)
+            if value > best:
+                best = value
+    return min(1.0, best)
+
+
 def _field_match(
     field: object, prepared: LexicalSources, exact: float, includes: float, overlap: float
 ) -> float:
-    f = _normalise(field, prepared.reference)
-    if not f:
+    f = prepare_field(field, reference=prepared.reference)
+    if f is None:
         return 0.0
-    f_len = js_len(f)
-    f_units: frozenset[str] | None = None
-    best = 0.0
-    for src in prepared.items:
-        if src.text == f:
-            best = max(best, exact)
-            continue
-        if min(src.length, f_len) >= 2 and (src.text in f or f in src.text):
-            best = max(best, includes)
-        if src.units:
-            if f_units is None:
-                f_units = frozenset(_units_of_normalised(f, prepared.reference))
-            best = max(best, overlap * len(src.units & f_units) / len(src.units))
-    return min(1.0, best)
+    return _prepared_match(f, prepared, exact, includes, overlap, True)
 
 
 def field_match(
@@ -193,10 +279,40 @@ def lexical_score(
     prepared = prepare_sources(sources, reference=reference)
     if not prepared.items:
         return 0.0
-    p = max((_field_match(t, prepared, 1.0, 0.92, 0.72) for t in primary_texts), default=0.0)
-    s = max((_field_match(t, prepared, 0.82, 0.68, 0.52) for t in secondary_texts), default=0.0)
-    joined = " ".join(str(t) for t in (*primary_texts, *secondary_texts) if t is not None)
-    t = _field_match(joined, prepared, 0.65, 0.55, 0.45)
+    return prepared_lexical_score(prepare_node(primary_texts, secondary_texts, reference=reference), prepared)
+
+
+def prepared_lexical_score(node: PreparedNode, sources: LexicalSources) -> float:
+    """:func:`lexical_score` of a prepared node (:func:`prepare_node`, same ``reference`` mode as the sources).
+    O(#sources · #fields) string comparisons and set intersections; no normalisation.
+
+    A node sharing no unit with the sources, with no source inside one of its fields and no field inside a
+    source (equality is containment), scores exactly 0 and is rejected without the per-field loop.
+    """
+    if not sources.items:
+        return 0.0
+    meet = not node.units.isdisjoint(sources.units)
+    if not meet and not _contains_any(node, sources):
+        return 0.0
+    # Plain loops instead of max(generator): the same value (every match is ≥ 0), less overhead per candidate.
+    p = s = 0.0
+    for f in node.primary:
+        value = _prepared_match(f, sources, 1.0, 0.92, 0.72, meet)
+        if value > p:
+            p = value
+    for f in node.secondary:
+        value = _prepared_match(f, sources, 0.82, 0.68, 0.52, meet)
+        if value > s:
+            s = value
+    t = _prepared_match(node.joined, sources, 0.65, 0.55, 0.45, meet) if node.joined is not None else 0.0
     if p == 0 and s == 0 and t == 0:
         return 0.0
     return min(1.0, max(p, 0.82 * s, 0.7 * t, 0.75 * p + 0.35 * s + 0.2 * t))
+
+
+def _contains_any(node: PreparedNode, sources: LexicalSources) -> bool:
+    # Normalised texts never hold a line feed (NQ turns every whitespace run into one space), so "s is inside
+    # some field" is "s is inside the fields joined by line feeds", and likewise for fields inside sources.
+    return any(src.text in node.haystack for src in sources.items) or any(
+        f.text in sources.haystack for f in node.fields
+    )

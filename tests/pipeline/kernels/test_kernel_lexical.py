@@ -3,9 +3,21 @@ departure 8), field matching rules and prepared sources."""
 
 from __future__ import annotations
 
-import pytest
+import unicodedata
 
-from memory_recall.pipeline.kernels import field_match, lexical_score, lexical_units, prepare_sources
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memory_recall.pipeline.kernels import (
+    field_match,
+    lexical_score,
+    lexical_units,
+    prepare_node,
+    prepare_sources,
+    prepared_lexical_score,
+)
+from memory_recall.text.normalize import js_len, normalize_lexical
 
 MODES = [pytest.param(False, id="extended"), pytest.param(True, id="reference")]
 
@@ -152,3 +164,87 @@ class TestPreparedSources:
         assert got == pytest.approx(0.75 * 0.92 + 0.35 * 0.68 + 0.2 * 0.3, abs=1e-12)
         # Joined text "bob the smith" equals the source: 0.75·0.92 + 0.35·0.68 + 0.2·0.65 > 1 → capped.
         assert lexical_score(["Bob"], ["the smith"], ["bob the smith"]) == 1.0
+
+
+# --- prepared nodes (fields normalised once per snapshot) ----------------------------------------------------
+
+
+def _plain_field_match(field: str, sources: list[str], exact: float, includes: float, overlap: float, ref: bool):
+    """The field match written out directly from the rules (normalise everything on every call)."""
+
+    def norm(text: str) -> str:
+        return normalize_lexical(text if ref else unicodedata.normalize("NFKC", text))
+
+    f = norm(field)
+    if not f:
+        return 0.0
+    best = 0.0
+    for raw in sources:
+        s = norm(raw)
+        if not s:
+            continue
+        if s == f:
+            best = max(best, exact)
+            continue
+        if min(js_len(s), js_len(f)) >= 2 and (s in f or f in s):
+            best = max(best, includes)
+        s_units = set(lexical_units(s, reference=ref))
+        if s_units:
+            best = max(best, overlap * len(s_units & set(lexical_units(f, reference=ref))) / len(s_units))
+    return min(1.0, best)
+
+
+def _plain_lexical_score(primary: list[str], secondary: list[str], sources: list[str], ref: bool) -> float:
+    if not any(normalize_lexical(s if ref else unicodedata.normalize("NFKC", s)) for s in sources):
+        return 0.0
+    p = max((_plain_field_match(t, sources, 1.0, 0.92, 0.72, ref) for t in primary), default=0.0)
+    s = max((_plain_field_match(t, sources, 0.82, 0.68, 0.52, ref) for t in secondary), default=0.0)
+    t = _plain_field_match(" ".join([*primary, *secondary]), sources, 0.65, 0.55, 0.45, ref)
+    if p == 0 and s == 0 and t == 0:
+        return 0.0
+    return min(1.0, max(p, 0.82 * s, 0.7 * t, 0.75 * p + 0.35 * s + 0.2 * t))
+
+
+# Few letters so that equality, containment and shared units all happen often; full-width, combining and CJK
+# characters exercise NFKC; line feeds and tabs exercise the whitespace collapsing.
+_TEXT = st.text(alphabet="ab c\t\nＡé\u0301钟楼리서", max_size=9)
+
+
+class TestPreparedNode:
+    @settings(max_examples=300, deadline=None)
+    @given(
+        primary=st.lists(_TEXT, max_size=2),
+        secondary=st.lists(_TEXT, max_size=3),
+        sources=st.lists(_TEXT, max_size=3),
+        ref=st.booleans(),
+    )
+    def test_prepared_score_equals_the_plain_rules(self, primary, secondary, sources, ref) -> None:
+        node = prepare_node(primary, secondary, reference=ref)
+        expected = _plain_lexical_score(primary, secondary, sources, ref)
+        assert prepared_lexical_score(node, prepare_sources(sources, reference=ref)) == expected
+        assert lexical_score(primary, secondary, sources, reference=ref) == expected
+
+    def test_containment_without_shared_units_is_not_rejected(self) -> None:
+        # "lic" and "alice" share no unit, but the source is inside the name: P = includes 0.92 (T 0.55).
+        node = prepare_node(["Alice"], [])
+        assert prepared_lexical_score(node, prepare_sources(["lic"])) == 0.92
+        # A source without any unit (single letters) inside a secondary field.
+        node = prepare_node([], ["x a b"])
+        assert prepared_lexical_score(node, prepare_sources(["a b"])) == 0.82 * 0.68  # S 0.68 beats T 0.55
+        # A field inside a source, no shared unit: "ce" in "alice".
+        assert prepared_lexical_score(prepare_node(["ce"], []), prepare_sources(["alice"])) == 0.92
+
+    def test_nothing_in_common_scores_zero(self) -> None:
+        assert prepared_lexical_score(prepare_node(["Bob"], ["a smith"]), prepare_sources(["Alice 现在"])) == 0.0
+
+    def test_empty_fields_are_dropped(self) -> None:
+        node = prepare_node(["", "  "], ["Tower"])
+        assert node.primary == ()
+        assert [f.text for f in node.secondary] == ["tower"]
+        assert node.joined is not None and node.joined.text == "tower"
+        assert node.units == frozenset({"tower"})
+        assert prepare_node([], []).joined is None
+        assert prepared_lexical_score(prepare_node([], []), prepare_sources(["tower"])) == 0.0
+
+    def test_no_sources_score_zero(self) -> None:
+        assert prepared_lexical_score(prepare_node(["Alice"], []), prepare_sources(["", "  "])) == 0.0
