@@ -35,7 +35,9 @@ __all__ = [
 ]
 
 #: Failure categories of an embedding call (architecture "Failure policy", recall-spec departure 3).
-EmbeddingFailure = Literal["timeout", "connect", "http_status", "bad_payload", "dimension_mismatch"]
+EmbeddingFailure = Literal[
+    "timeout", "connect", "http_status", "bad_payload", "dimension_mismatch", "missing_vectors"
+]
 #: Failure categories of an LLM call.
 LLMFailure = Literal["timeout", "connect", "http_status", "bad_payload", "refusal", "unknown_keys", "not_configured"]
 

@@ -30,8 +30,10 @@ Settings
 Skip reasons
     ``vector-disabled`` (settings; trace only, status ``disabled``), ``no-embedder`` (the reference reports
     ``vector-config-invalid`` for an unusable embedding config; status ``disabled``), ``no-vector-queries``,
-    ``no-node-vectors`` (no active node has a vector: nothing to search, the embedder is not called; status
-    ``lexical_fallback``), ``embedding-unavailable`` (any fallback of the failure policy).
+    ``no-node-vectors`` (no active node at all: nothing to search, the embedder is not called; status
+    ``lexical_fallback``), ``embedding-unavailable`` (any fallback of the failure policy, including active nodes
+    none of which has a vector — category ``missing_vectors``: embedding failed or never ran for the chat; strict
+    mode raises).
 Departures
     * 3 (above), 4 (raw cosine kept beside the weighted score), 10 (merge ties by node-id byte order instead
       of ``localeCompare``), 8 via the query plan (one query per near-duplicate text).
@@ -207,7 +209,11 @@ class VectorPrefilterStage(TimedStage):
         count_in = int(eligible.sum())
         if count_in == 0:
             detail = f"no active node has a vector of model {embedder.model_id!r}"
-            return self._skip(state, "no-node-vectors", VectorStatus("lexical_fallback", False, "", detail))
+            if not act.any():
+                return self._skip(state, "no-node-vectors", VectorStatus("lexical_fallback", False, "", detail))
+            # Active nodes but no vectors: embedding failed (or has not run) for this chat — a failure of the
+            # embedding side, reported with its category, and fatal in strict mode like any other.
+            return self._fallback(state, EmbeddingUnavailable("missing_vectors", detail), 0)
         if snap.model_id != embedder.model_id:
             failure = EmbeddingUnavailable(
                 "dimension_mismatch",

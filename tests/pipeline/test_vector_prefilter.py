@@ -223,13 +223,22 @@ class TestSkips:
         assert res.trace.skip_reason == "no-vector-queries"
         assert emb.calls == []
 
-    def test_no_node_vectors(self):
+    def test_no_node_vectors_is_an_embedding_failure(self):
+        """Active nodes without a single vector: embedding failed or never ran for the chat. Departure 3: reported
+        with its category (the first version skipped with an empty category, and strict mode did not notice)."""
         emb = CountingEmbedder()
         snap = snapshot([node("a", name="Alice")])
         res = vector_stage(emb).run(planned(snap, "Alice"))
-        assert res.trace.skip_reason == "no-node-vectors"
-        assert res.state.vector_status.retrieval_status == "lexical_fallback"
+        assert res.trace.skip_reason == "embedding-unavailable"
+        status = res.state.vector_status
+        assert (status.retrieval_status, status.semantic_search_used, status.failure_category) == (
+            "lexical_fallback", False, "missing_vectors")
         assert emb.calls == []
+
+    def test_no_node_vectors_in_strict_mode_raises(self):
+        snap = snapshot([node("a", name="Alice")])
+        with pytest.raises(StrictModeViolation):
+            vector_stage(CountingEmbedder(), strict=True).run(planned(snap, "Alice"))
 
     def test_empty_graph(self):
         res = vector_stage(CountingEmbedder()).run(planned(snapshot(), "x"))
