@@ -12,7 +12,9 @@ Each size runs in a fresh subprocess (so peak RSS is per size) and:
    four character knowledge owners (known ids, visibility scores, POV memories), regions with adjacency and
    story-time segments;
 2. writes it into a SQLite store in a temporary directory through ``store.write`` upserts (ingest throughput,
-   embedding excluded), then times ``build_snapshot(store.snapshot_source(...))``;
+   embedding excluded) in a child process, so the generator's arrays are not counted; the measuring process then
+   opens the store and times ``build_snapshot(store.snapshot_source(...))``, so its peak RSS is what a user's
+   process holds (store read, snapshot, recalls);
 3. runs a fixed set of 20 queries with default "app" settings, no LLM, the four owners active and the store's
    BM25 channel: once with the real :class:`~memory_recall.providers.embedding.LocalEmbedder` (query embedding
    included; its vectors are recorded) and then ``--repeat`` times through a pass-through embedder returning the
@@ -41,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["QUERIES", "bench_size", "main"]
+__all__ = ["QUERIES", "bench_size", "main", "write_graph"]
 
 DIM = 384
 CHAT = "bench"
@@ -92,21 +94,28 @@ QUERIES: tuple[str, ...] = (
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class _Plan:
+class _Scene:
+    """What the queries of a size need of its graph (region names, story segments), without generating it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.regions = list(_PLACES) + [f"Region {i}" for i in range(max(0, int(np.sqrt(n) // 2) - len(_PLACES)))]
+        self.segments = max(4, min(300, n // 100))
+
+
+class _Plan(_Scene):
     """Seeded per-node attributes of one synthetic graph, as arrays (nodes are materialised in chunks)."""
 
     def __init__(self, n: int, seed: int = 8) -> None:
+        super().__init__(n)
         rng = np.random.default_rng(seed)
-        self.n = n
         types = [t for t, _ in TYPE_MIX]
         probs = np.array([p for _, p in TYPE_MIX])
         self.types = rng.choice(len(types), size=n, p=probs / probs.sum())
         self.type_names = types
         # The four owners' character nodes first, so every size has them.
         self.types[: len(OWNERS)] = types.index("character")
-        self.regions = list(_PLACES) + [f"Region {i}" for i in range(max(0, int(np.sqrt(n) // 2) - len(_PLACES)))]
         self.region = rng.integers(0, len(self.regions), size=n)
-        self.segments = max(4, min(300, n // 100))
         # Story time advances with the chat.
         self.segment = np.minimum((np.arange(n) * self.segments) // max(n, 1), self.segments - 1)
         self.owner = rng.integers(0, len(OWNERS), size=n)
@@ -320,7 +329,7 @@ def _blas_one_thread() -> Any:
     return threadpool_limits(limits=1, user_api="blas")
 
 
-def _query(plan: _Plan, k: int, text: str) -> Any:
+def _query(plan: _Scene, k: int, text: str) -> Any:
     from memory_recall.pipeline.state import RecallQuery
 
     prev = QUERIES[(k - 1) % len(QUERIES)]
@@ -337,28 +346,15 @@ def _query(plan: _Plan, k: int, text: str) -> Any:
     )
 
 
-def bench_size(n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "") -> dict[str, Any]:
-    """Benchmark one graph size in this process; returns its JSON object.
-
-    Keys: ``nodes``, ``edges``, ``total_ms`` / ``total_ms_with_embedding`` / ``pipeline_ms`` / ``total_cpu_ms``
-    (process CPU time of one recall: less sensitive to other load on shared cores) (p50, p95),
-    ``stages`` (name → p50, p95 of the stage traces; ``result`` is the result builder), ``snapshot_build_ms``,
-    ``snapshot_read_ms`` (the store read part), ``ingest_nodes_per_s``, ``peak_rss_mb``,
-    ``embedding_matrix_mb``, ``rss_target_mb`` and ``query_embedding`` (``local`` or ``random``).
-    """
+def write_graph(n: int, path: Path, *, chunk: int = 5000) -> dict[str, Any]:
+    """Generate the size-``n`` graph and write it into the store at ``path``; returns ``edges`` and
+    ``ingest_nodes_per_s`` (node upserts only, node validation excluded)."""
     from memory_recall.model.graph import Edge, Node
-    from memory_recall.pipeline.result import build_result
-    from memory_recall.pipeline.retrieve import run_pipeline
-    from memory_recall.pipeline.state import Providers
-    from memory_recall.providers.embedding import LOCAL_MODEL_ID, LocalEmbedder, local_engine_available
-    from memory_recall.settings import RecallSettings
+    from memory_recall.providers.embedding import LOCAL_MODEL_ID
     from memory_recall.store import Store
-    from memory_recall.store.snapshot import build_snapshot
 
     plan = _Plan(n)
-    settings = RecallSettings(profile="app")
-    out: dict[str, Any] = {"nodes": n, "edges": int(plan.edge_src.size)}
-    with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "bench.sqlite3") as store, _blas_one_thread():
+    with Store(path) as store:
         ingest_s = 0.0
         for lo, hi in _chunks(n, chunk):
             nodes = [Node.model_validate(plan.node(i)) for i in range(lo, hi)]
@@ -366,7 +362,6 @@ def bench_size(n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "")
             with store.write(CHAT) as w:
                 w.upsert_nodes(nodes)
             ingest_s += time.perf_counter() - start
-        out["ingest_nodes_per_s"] = round(n / ingest_s, 1)
         for lo, hi in _chunks(plan.edge_src.size, 4 * chunk):
             edges = [Edge.model_validate(e) for e in plan.edges(lo, hi)]
             with store.write(CHAT) as w:
@@ -380,82 +375,124 @@ def bench_size(n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "")
             w.set_regions(state["regions"])
             w.set_timeline(state["timeline"])
             w.set_history(state["history"])
-        del plan.vectors
+    return {"edges": int(plan.edge_src.size), "ingest_nodes_per_s": round(n / ingest_s, 1)}
 
-        builds, reads = [], []
-        snap = None
-        for _ in range(3):
-            snap = None
-            start = time.perf_counter()
-            source = store.snapshot_source(CHAT, LOCAL_MODEL_ID)
-            mid = time.perf_counter()
-            snap = build_snapshot(source, now_ms=NOW_MS)
-            end = time.perf_counter()
-            del source
-            builds.append((end - start) * 1000)
-            reads.append((mid - start) * 1000)
-        assert snap is not None
-        out["snapshot_build_ms"] = round(float(np.median(builds)), 1)
-        out["snapshot_read_ms"] = round(float(np.median(reads)), 1)
-        lexical = partial(store.bm25, CHAT)
 
-        def once(k: int, text: str, embedder: Any) -> tuple[float, dict[str, float]]:
-            cpu = time.process_time()
-            start = time.perf_counter()
-            run = run_pipeline(snap, _query(plan, k, text), settings, Providers(embedder=embedder,
-                                                                               lexical_index=lexical))
-            t0 = time.perf_counter()
-            build_result(run.state, run.settings, timings=run.timings)
-            end = time.perf_counter()
-            timings = dict(run.timings)
-            timings["result"] = (end - t0) * 1000
-            timings["cpu"] = (time.process_time() - cpu) * 1000
-            return (end - start) * 1000, timings
+def bench_size(n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "") -> dict[str, Any]:
+    """Benchmark one graph size in this process; returns its JSON object.
 
-        recorded: dict[str, np.ndarray] = {}
-        with_emb: list[float] = []
-        if local_engine_available():
-            rec = _RecordingEmbedder(LocalEmbedder())
-            rec.embed_query("warm up")
-            for _ in range(2 if repeat > 1 else 1):
-                for k, text in enumerate(QUERIES):
-                    with_emb.append(once(k, text, rec)[0])
-            recorded = rec.vectors
-            out["query_embedding"] = "local"
-        else:
-            out["query_embedding"] = "random"
-        passthrough = _PassThroughEmbedder(LOCAL_MODEL_ID, recorded)
-        for k, text in enumerate(QUERIES):  # warm-up: lazy caches, first-call imports
-            once(k, text, passthrough)
-        totals: list[float] = []
-        stages: dict[str, list[float]] = {}
-        profiler = None
-        if profile:
-            from pyinstrument import Profiler
+    The graph is generated and written by a child process (:func:`write_graph`); this process only opens the
+    store, builds the snapshot and recalls, so ``peak_rss_mb`` is what a user's process holds.
 
-            profiler = Profiler(interval=0.0005)
-            profiler.start()
-        for _ in range(repeat):
-            for k, text in enumerate(QUERIES):
-                total, timings = once(k, text, passthrough)
-                totals.append(total)
-                for name, ms in timings.items():
-                    stages.setdefault(name, []).append(ms)
-        if profiler is not None:
-            profiler.stop()
-            Path(profile).write_text(profiler.output_text(unicode=True, color=False, show_all=False))
-        pipeline = stages.pop("total", [])
-        cpu = stages.pop("cpu", [])
-        out["total_ms"] = _pct(totals)
-        out["total_ms_with_embedding"] = _pct(with_emb) if with_emb else None
-        out["pipeline_ms"] = _pct(pipeline)
-        out["total_cpu_ms"] = _pct(cpu)
-        out["stages"] = {name: _pct(v) for name, v in stages.items()}
-        matrix_mb = n * DIM * 4 / 2**20
-        out["embedding_matrix_mb"] = round(matrix_mb, 1)
-        out["rss_target_mb"] = round(2.5 * matrix_mb + 200, 1)
+    Keys: ``nodes``, ``edges``, ``total_ms`` / ``total_ms_with_embedding`` / ``pipeline_ms`` / ``total_cpu_ms``
+    (process CPU time of one recall: less sensitive to other load on shared cores) (p50, p95),
+    ``stages`` (name → p50, p95 of the stage traces; ``result`` is the result builder), ``snapshot_build_ms``,
+    ``snapshot_read_ms`` (the store read part), ``ingest_nodes_per_s``, ``peak_rss_mb``,
+    ``embedding_matrix_mb``, ``rss_target_mb`` and ``query_embedding`` (``local`` or ``random``).
+    """
+    from memory_recall.settings import RecallSettings
+    from memory_recall.store import Store
+
+    plan = _Scene(n)
+    settings = RecallSettings(profile="app")
+    out: dict[str, Any] = {"nodes": n}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.sqlite3"
+        cmd = [sys.executable, "-m", "memory_recall.bench", "--write", str(n), "--db", str(path),
+               "--chunk", str(chunk)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"writing the {n}-node graph failed:\n{proc.stderr}")
+        written = json.loads(proc.stdout)
+        out["edges"] = written["edges"]
+        out["ingest_nodes_per_s"] = written["ingest_nodes_per_s"]
+        with Store(path) as store, _blas_one_thread():
+            _bench_store(store, out, plan, settings, repeat=repeat, profile=profile)
     out["peak_rss_mb"] = round(_peak_rss_mb(), 1)
     return out
+
+
+def _bench_store(store: Any, out: dict[str, Any], plan: _Scene, settings: Any, *, repeat: int, profile: str) -> None:
+    """Snapshot build and recall timings on the written store (fills ``out``)."""
+    from memory_recall.pipeline.result import build_result
+    from memory_recall.pipeline.retrieve import run_pipeline
+    from memory_recall.pipeline.state import Providers
+    from memory_recall.providers.embedding import LOCAL_MODEL_ID, LocalEmbedder, local_engine_available
+    from memory_recall.store.snapshot import build_snapshot
+
+    n = plan.n
+    builds, reads = [], []
+    snap = None
+    for _ in range(3):
+        snap = None
+        start = time.perf_counter()
+        source = store.snapshot_source(CHAT, LOCAL_MODEL_ID)
+        mid = time.perf_counter()
+        snap = build_snapshot(source, now_ms=NOW_MS)
+        end = time.perf_counter()
+        del source
+        builds.append((end - start) * 1000)
+        reads.append((mid - start) * 1000)
+    assert snap is not None
+    out["snapshot_build_ms"] = round(float(np.median(builds)), 1)
+    out["snapshot_read_ms"] = round(float(np.median(reads)), 1)
+    lexical = partial(store.bm25, CHAT)
+
+    def once(k: int, text: str, embedder: Any) -> tuple[float, dict[str, float]]:
+        cpu = time.process_time()
+        start = time.perf_counter()
+        run = run_pipeline(snap, _query(plan, k, text), settings, Providers(embedder=embedder,
+                                                                           lexical_index=lexical))
+        t0 = time.perf_counter()
+        build_result(run.state, run.settings, timings=run.timings)
+        end = time.perf_counter()
+        timings = dict(run.timings)
+        timings["result"] = (end - t0) * 1000
+        timings["cpu"] = (time.process_time() - cpu) * 1000
+        return (end - start) * 1000, timings
+
+    recorded: dict[str, np.ndarray] = {}
+    with_emb: list[float] = []
+    if local_engine_available():
+        rec = _RecordingEmbedder(LocalEmbedder())
+        rec.embed_query("warm up")
+        for _ in range(2 if repeat > 1 else 1):
+            for k, text in enumerate(QUERIES):
+                with_emb.append(once(k, text, rec)[0])
+        recorded = rec.vectors
+        out["query_embedding"] = "local"
+    else:
+        out["query_embedding"] = "random"
+    passthrough = _PassThroughEmbedder(LOCAL_MODEL_ID, recorded)
+    for k, text in enumerate(QUERIES):  # warm-up: lazy caches, first-call imports
+        once(k, text, passthrough)
+    totals: list[float] = []
+    stages: dict[str, list[float]] = {}
+    profiler = None
+    if profile:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.0005)
+        profiler.start()
+    for _ in range(repeat):
+        for k, text in enumerate(QUERIES):
+            total, timings = once(k, text, passthrough)
+            totals.append(total)
+            for name, ms in timings.items():
+                stages.setdefault(name, []).append(ms)
+    if profiler is not None:
+        profiler.stop()
+        Path(profile).write_text(profiler.output_text(unicode=True, color=False, show_all=False))
+    pipeline = stages.pop("total", [])
+    cpu = stages.pop("cpu", [])
+    out["total_ms"] = _pct(totals)
+    out["total_ms_with_embedding"] = _pct(with_emb) if with_emb else None
+    out["pipeline_ms"] = _pct(pipeline)
+    out["total_cpu_ms"] = _pct(cpu)
+    out["stages"] = {name: _pct(v) for name, v in stages.items()}
+    matrix_mb = n * DIM * 4 / 2**20
+    out["embedding_matrix_mb"] = round(matrix_mb, 1)
+    out["rss_target_mb"] = round(2.5 * matrix_mb + 200, 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -496,7 +533,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default="bench.json", help="JSON output path")
     parser.add_argument("--profile", default="", help="write a pyinstrument text profile of the timed recalls")
     parser.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)  # worker mode: one size
+    parser.add_argument("--write", type=int, default=0, help=argparse.SUPPRESS)  # writer mode: one graph
+    parser.add_argument("--db", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--chunk", type=int, default=5000, help=argparse.SUPPRESS)
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.write:
+        json.dump(write_graph(args.write, Path(args.db), chunk=args.chunk), sys.stdout)
+        return 0
     if args.one:
         json.dump(bench_size(args.one, repeat=args.repeat, profile=args.profile), sys.stdout)
         return 0

@@ -1,4 +1,4 @@
-"""Lexical stage: the BM25 channel over the store's FTS5 index (recall-spec "Added beyond the reference").
+"""Lexical stage: the BM25 channel over the store's per-chat BM25 index (recall-spec "Added beyond the reference").
 
 Reads
     ``state.plan.lexical_sources`` (reference §3.6: the current message and its intent segments),
@@ -12,8 +12,8 @@ Writes
 Query terms
     :func:`memory_recall.text.tokenize.query_terms` of each lexical source (Latin words accent-folded, CJK
     bigrams, stop words dropped), concatenated without repeats in source order, at most
-    ``LexicalSettings.bm25_max_terms`` (64, the seed's limit). The terms are quoted by the store, so user text
-    is never FTS syntax.
+    ``LexicalSettings.bm25_max_terms`` (64, the seed's limit). The store takes terms as plain text, so user text
+    is never query syntax.
 Not here
     The reference's field-match lexical score (§3.12 step 1) is computed by the scoring stage on the
     candidates.
@@ -23,7 +23,7 @@ Skip reasons
     ``bm25-disabled`` (settings; trace only), ``no-lexical-index`` (no provider), ``no-query-terms``.
 Notes
     The index is asked for ``bm25_top_k`` hits before the active-set filter, so hidden or range-less nodes can
-    leave fewer than ``bm25_top_k`` (the FTS index does not know the per-recall visibility filter). Errors of
+    leave fewer than ``bm25_top_k`` (the index does not know the per-recall visibility filter). Errors of
     the index (a broken store) are not degraded: they propagate.
 """
 
@@ -100,7 +100,7 @@ class LexicalStage(TimedStage):
         idx = np.array([i for i, _ in pairs], dtype=np.int64)
         scores = np.array([s for _, s in pairs], dtype=np.float64)
         if idx.size:
-            # One node id can only come back once from FTS; keep the best anyway if an index repeats it.
+            # One node id can only come back once from the store; keep the best anyway if an index repeats it.
             order = np.lexsort((snap.id_rank[idx], -scores))
             idx, scores = idx[order], scores[order]
             first = np.unique(idx, return_index=True)[1]

@@ -15,6 +15,13 @@
 The store is any :class:`EmbeddingStore` (``memory_recall.store.sqlite.Store`` is one): ``get_nodes``,
 ``embedding_hashes``, ``cache_get``, ``cache_put`` and ``write(chat_id)`` whose writer has ``put_embeddings``.
 
+**Cost.** A store with ``embedding_status`` (the SQLite store) is read in one query of node ids, node JSON
+texts and stored text hashes; a node's embedding text hash is computed (node parsed, text built, SHA-256) only
+when its JSON text changed since the last call in this process for that store and chat (remembered per node
+as the 64-bit Python hash of the JSON text: the digest memo). So the call after a one-message ingest parses
+the few changed nodes, not the chat; the first call in a process, or on a store without ``embedding_status``
+(the generic path: every node parsed), costs O(chat). Both paths give the same result.
+
 No query cache exists on purpose: a query is embedded in milliseconds locally, and a cache keyed across
 providers could serve another provider version's vector (seed ``retrieval-and-evidence.md``).
 """
@@ -22,15 +29,18 @@ providers could serve another provider version's vector (seed ``retrieval-and-ev
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+from pydantic import ValidationError
 
-from memory_recall.errors import EmbeddingUnavailable, InputError
+from memory_recall.errors import EmbeddingUnavailable, InputError, StoreError
 from memory_recall.model.graph import Node, embedding_text
 from memory_recall.providers.embedding import Embedder
 
@@ -53,6 +63,13 @@ class EmbeddingStore(Protocol):
     def cache_put(self, model_id: str, items: Mapping[str, np.ndarray]) -> int: ...
 
     def write(self, chat_id: str) -> AbstractContextManager[_EmbeddingWriter]: ...
+
+
+# store → chat id → node id → (hash of the node's JSON text, text hash of its embedding text). Weak keys: a
+# closed and dropped store takes its memo with it. Entries are pure functions of the JSON text, checked on
+# every use, so a stale or concurrently replaced memo can cost a recomputation, never a wrong answer.
+_DIGESTS: weakref.WeakKeyDictionary[Any, dict[str, dict[str, tuple[int, str]]]] = weakref.WeakKeyDictionary()
+_DIGESTS_LOCK = threading.Lock()
 
 
 def text_hash(text: str) -> str:
@@ -99,21 +116,10 @@ def embed_missing(
         raise InputError("batch_size", f"must be an int in the range [1, inf). Got {batch_size!r} instead.")
     start = time.perf_counter()
     model_id = embedder.model_id
-    nodes = list(store.get_nodes(chat_id))
-    stored: dict[str, str] = dict(store.embedding_hashes(chat_id, model_id))
-
-    todo: list[tuple[str, str, str]] = []  # (node id, text, text hash)
-    archived = up_to_date = 0
-    for node in nodes:
-        if node.archived:
-            archived += 1
-            continue
-        text = embedding_text(node)
-        digest = text_hash(text)
-        if stored.get(node.id) == digest:
-            up_to_date += 1
-            continue
-        todo.append((node.id, text, digest))
+    if hasattr(store, "embedding_status"):
+        todo, probe, up_to_date, archived = _todo_targeted(store, chat_id, model_id)
+    else:
+        todo, probe, up_to_date, archived = _todo_full(store, chat_id, model_id)
 
     total = len(todo)
     from_cache = embedded = calls = done = 0
@@ -121,7 +127,6 @@ def embed_missing(
     if todo and dim is None:
         # Vectors already stored for this model fix its dimension; every stored vector is also cached, so
         # one cache lookup finds it without loading the chat's matrix.
-        probe = next((h for h in stored.values() if h), None)
         if probe is not None:
             for vec in store.cache_get(model_id, [probe]).values():
                 dim = int(np.asarray(vec).shape[0])
@@ -172,3 +177,75 @@ def embed_missing(
         archived=archived,
         elapsed_ms=(time.perf_counter() - start) * 1000,
     )
+
+
+_Todo = tuple[list[tuple[str, str, str]], str | None, int, int]
+
+
+def _todo_full(store: EmbeddingStore, chat_id: str, model_id: str) -> _Todo:
+    """``(todo, probe, up_to_date, archived)`` from every node of the chat: ``todo`` = ``(node id, text, text
+    hash)`` of the active nodes needing a vector, in node order; ``probe`` = the first non-empty stored text
+    hash of the model (fixes an unknown dimension)."""
+    nodes = list(store.get_nodes(chat_id))
+    stored: dict[str, str] = dict(store.embedding_hashes(chat_id, model_id))
+    todo: list[tuple[str, str, str]] = []
+    archived = up_to_date = 0
+    for node in nodes:
+        if node.archived:
+            archived += 1
+            continue
+        text = embedding_text(node)
+        digest = text_hash(text)
+        if stored.get(node.id) == digest:
+            up_to_date += 1
+            continue
+        todo.append((node.id, text, digest))
+    return todo, next((h for h in stored.values() if h), None), up_to_date, archived
+
+
+def _parse(node_id: str, text: str) -> Node:
+    try:
+        return Node.model_validate_json(text)
+    except ValidationError as exc:
+        raise StoreError(f"corrupt node {node_id!r} in the store: {exc.errors()[0].get('msg', exc)}") from exc
+
+
+def _todo_targeted(store: Any, chat_id: str, model_id: str) -> _Todo:
+    """:func:`_todo_full` from ``store.embedding_status`` and the digest memo (see "Cost" in the module
+    docstring): same result, node JSON parsed only for nodes changed since the last call."""
+    rows: list[tuple[str, bool, str | None, str | None]] = store.embedding_status(chat_id, model_id)
+    with _DIGESTS_LOCK:
+        try:
+            memo: dict[str, dict[str, tuple[int, str]]] | None = _DIGESTS.setdefault(store, {})
+        except TypeError:  # not weak-referenceable: no memo
+            memo = None
+        known = memo.get(chat_id, {}) if memo is not None else {}
+    fresh: dict[str, tuple[int, str]] = {}
+    todo: list[tuple[str, str, str]] = []
+    archived = up_to_date = 0
+    probe: str | None = None
+    for node_id, is_archived, doc, stored in rows:
+        if probe is None and stored:
+            probe = stored
+        if is_archived or doc is None:
+            archived += 1
+            continue
+        key = hash(doc)
+        hit = known.get(node_id)
+        text: str | None = None
+        if hit is not None and hit[0] == key:
+            digest = hit[1]
+        else:
+            text = embedding_text(_parse(node_id, doc))
+            digest = text_hash(text)
+        fresh[node_id] = (key, digest)
+        if stored == digest:
+            up_to_date += 1
+            continue
+        if text is None:  # known digest, but the vector is missing or stale (e.g. a new model id)
+            text = embedding_text(_parse(node_id, doc))
+        todo.append((node_id, text, digest))
+    if memo is not None:
+        with _DIGESTS_LOCK:
+            memo[chat_id] = fresh
+    return todo, probe, up_to_date, archived

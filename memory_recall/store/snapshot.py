@@ -21,6 +21,7 @@ import itertools
 import json
 import math
 import operator
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from memory_recall.model.state import (
 )
 
 __all__ = [
+    "EdgeColumns",
     "EdgeRow",
     "GraphSnapshot",
     "KnowledgeArrays",
@@ -64,10 +66,9 @@ TYPE_CODE: dict[str, int] = {t: i for i, t in enumerate(NODE_TYPES)}
 _TENSES = ("unknown", "past", "ongoing", "future", "flashback", "hypothetical")
 TENSE_CODE: dict[str, int] = {t: i for i, t in enumerate(_TENSES)}
 _OWNER_TYPE_CODE: dict[str, int] = {"character": 1, "user": 2}
-_FROM_ID = operator.attrgetter("from_id")
-_TO_ID = operator.attrgetter("to_id")
-_INVALID_AT = operator.attrgetter("invalid_at")
-_EXPIRED_AT = operator.attrgetter("expired_at")
+_EDGE_ROW_FIELDS = operator.attrgetter(
+    "edge_id", "from_id", "to_id", "relation", "strength", "edge_type", "invalid_at", "expired_at"
+)
 _SEP = "\x1f"
 _NORM_BLOCK = 8192
 
@@ -127,9 +128,9 @@ class NodeIndex:
     @classmethod
     def many_from_json(cls, texts: Sequence[str]) -> NodeIndexTable:
         """:meth:`from_json` of many rows with one JSON parse (the snapshot read of a large chat); the rows are
-        kept as decoded lists and only become :class:`NodeIndex` objects when one is asked for."""
+        kept as columns and only become :class:`NodeIndex` objects when one is asked for."""
         values = json.loads("[" + ",".join(texts) + "]") if texts else []
-        return NodeIndexTable(values)
+        return NodeIndexTable.from_rows(values)
 
     @classmethod
     def _from_values(cls, v: list[Any]) -> NodeIndex:
@@ -149,33 +150,72 @@ def _split(text: str) -> tuple[str, ...]:
 
 #: Field order of :meth:`NodeIndex.to_json` (and of the dataclass).
 _INDEX_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(NodeIndex))
+#: String fields with few distinct values over a chat (interned when decoded in bulk).
+_INTERNED_FIELDS: tuple[str, ...] = (
+    "type", "layer", "owner_type", "owner_key", "owner_name", "region_primary", "segment_id", "tense",
+    "span_start_segment", "span_end_segment",
+)
+
+
+def _split_interned(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
+    """:func:`_split` of each text, equal texts sharing one tuple of interned terms."""
+    memo: dict[str, tuple[str, ...]] = {}
+    out = []
+    for text in texts:
+        terms = memo.get(text)
+        if terms is None:
+            terms = memo[text] = tuple(map(sys.intern, _split(text)))
+        out.append(terms)
+    return tuple(out)
 
 
 class NodeIndexTable(Sequence[NodeIndex]):
-    """Decoded index rows of many nodes: a sequence of :class:`NodeIndex` built on access, plus
-    :meth:`columns` (one tuple per field, made in C by ``zip``) for :func:`build_snapshot`."""
+    """Decoded index rows of many nodes, held as columns (one tuple per :class:`NodeIndex` field, repeated strings
+    interned): a sequence of :class:`NodeIndex` built on access, plus :meth:`columns` for :func:`build_snapshot`.
+    """
 
-    def __init__(self, values: list[list[Any]]) -> None:
-        self._values = values
+    def __init__(self, columns: dict[str, tuple[Any, ...]]) -> None:
+        self._cols = columns
 
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [NodeIndex._from_values(v) for v in self._values[i]]
-        return NodeIndex._from_values(self._values[i])
-
-    def columns(self) -> dict[str, tuple[Any, ...]]:
-        if not self._values:
-            return {name: () for name in _INDEX_FIELDS}
-        cols = dict(zip(_INDEX_FIELDS, zip(*self._values, strict=True), strict=True))
-        cols["region_tokens"] = tuple(map(_split, cols["region_tokens"]))
-        cols["anchor_terms"] = tuple(map(_split, cols["anchor_terms"]))
+    @classmethod
+    def from_rows(cls, values: list[list[Any]]) -> NodeIndexTable:
+        """Columns of decoded :meth:`NodeIndex.to_json` rows."""
+        if not values:
+            return cls({name: () for name in _INDEX_FIELDS})
+        cols = dict(zip(_INDEX_FIELDS, zip(*values, strict=True), strict=True))
+        # json.loads makes a new string object per value: interning the few distinct values of these columns
+        # keeps one copy each in the snapshot (a large chat repeats them on every node).
+        for name in _INTERNED_FIELDS:
+            cols[name] = tuple(map(sys.intern, cols[name]))
+        cols["region_tokens"] = _split_interned(cols["region_tokens"])
+        cols["anchor_terms"] = _split_interned(cols["anchor_terms"])
         cols["visibility"] = tuple(None if v is None else tuple(v.split(_SEP)) for v in cols["visibility"])
         for name in ("archived", "has_story_label", "has_span_label"):
             cols[name] = tuple(map(bool, cols[name]))
-        return cols
+        return cls(cols)
+
+    @classmethod
+    def concat(cls, tables: Sequence[NodeIndexTable]) -> NodeIndexTable:
+        """The rows of ``tables`` one after another (the store decodes a large chat chunk by chunk)."""
+        if len(tables) == 1:
+            return tables[0]
+        return cls({
+            name: tuple(itertools.chain.from_iterable(t._cols[name] for t in tables)) for name in _INDEX_FIELDS
+        })
+
+    def __len__(self) -> int:
+        return len(self._cols["type"])
+
+    def _row(self, i: int) -> NodeIndex:
+        return NodeIndex(*(self._cols[name][i] for name in _INDEX_FIELDS))
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._row(k) for k in range(len(self))[i]]
+        return self._row(range(len(self))[i])  # negative indices and IndexError as for a tuple
+
+    def columns(self) -> dict[str, tuple[Any, ...]]:
+        return dict(self._cols)
 
 
 def _index_columns(rows: Sequence[NodeIndex]) -> dict[str, tuple[Any, ...]]:
@@ -247,8 +287,59 @@ class EdgeRow:
 
 
 @dataclass
+class EdgeColumns:
+    """The edges of a snapshot source as columns, in edge-list order (one entry per edge).
+
+    ``src``/``dst`` are positions in the source's ``node_ids`` (−1 when the end is not a node of the source);
+    ``invalid_at``/``expired_at`` are ms, NaN when none. Equal relation strings should be one (interned) object.
+    """
+
+    edge_ids: Sequence[str]
+    src: np.ndarray  # (m,) int64
+    dst: np.ndarray  # (m,) int64
+    relation: Sequence[str]
+    strength: np.ndarray  # (m,) float64
+    edge_type: np.ndarray  # (m,) int64
+    invalid_at: np.ndarray  # (m,) float64
+    expired_at: np.ndarray  # (m,) float64
+
+    @classmethod
+    def of_rows(cls, rows: Sequence[EdgeRow], index: dict[str, int]) -> EdgeColumns:
+        """Columns of ``rows`` with endpoints looked up in ``index`` (node id → position)."""
+        m = len(rows)
+        if not m:
+            return cls.empty()
+        edge_id, from_id, to_id, relation, strength, edge_type, invalid_at, expired_at = zip(
+            *map(_EDGE_ROW_FIELDS, rows), strict=True
+        )
+        return cls(
+            edge_ids=edge_id,
+            src=np.fromiter(map(index.get, from_id, itertools.repeat(-1)), np.int64, m),
+            dst=np.fromiter(map(index.get, to_id, itertools.repeat(-1)), np.int64, m),
+            relation=relation,
+            strength=np.array(strength, dtype=np.float64).reshape(m),
+            edge_type=np.array(edge_type, dtype=np.int64).reshape(m),
+            invalid_at=np.array(invalid_at, dtype=np.float64).reshape(m),  # None → NaN
+            expired_at=np.array(expired_at, dtype=np.float64).reshape(m),
+        )
+
+    @classmethod
+    def empty(cls) -> EdgeColumns:
+        no_int, no_float = np.zeros(0, np.int64), np.zeros(0, np.float64)
+        return cls((), no_int, no_int, (), no_float, no_int, no_float, no_float)
+
+
+@dataclass
 class SnapshotSource:
-    """Everything a snapshot is built from, as read from the store in one read transaction."""
+    """Everything a snapshot is built from, as read from the store in one read transaction.
+
+    Two optional forms the store read uses to avoid per-edge objects and copies of the embedding matrix:
+
+    * ``edge_columns`` set → the edges are these columns and ``edges`` is ignored (may be empty);
+    * ``embeddings_aligned`` → ``embeddings`` is an (n × d) float32 matrix with one row per ``node_ids`` entry
+      (zeros where a node has no vector; ``embedding_ids`` equals ``node_ids``), owned by the source:
+      :func:`build_snapshot` normalises it in place and keeps it as the snapshot's matrix.
+    """
 
     chat_id: str
     version: int
@@ -265,6 +356,8 @@ class SnapshotSource:
     summaries: SummaryState
     history: HistoryState
     journal: list[JournalEntry]
+    edge_columns: EdgeColumns | None = None
+    embeddings_aligned: bool = False
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -469,6 +562,49 @@ class GraphSnapshot:
         return self.node(i).scope
 
 
+def _normalise_rows(emb: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """L2-normalise ``emb`` in place, block by block (all rows, or the positions ``rows``); rows whose norm is
+    not positive become zero. Returns the mask (over the normalised rows) of rows that have a vector.
+
+    No full-size temporaries beside the matrix (peak memory of a large chat); the per-row arithmetic (float32
+    norm, float32 divide) is the same for both forms, so the results are byte-identical.
+    """
+    count = emb.shape[0] if rows is None else rows.size
+    ok = np.zeros(count, dtype=bool)
+    for lo in range(0, count, _NORM_BLOCK):
+        hi = min(count, lo + _NORM_BLOCK)
+        block = emb[lo:hi] if rows is None else emb[rows[lo:hi]]
+        norms = np.linalg.norm(block, axis=1)
+        good = norms > 0
+        ok[lo:hi] = good
+        if not good.all():
+            block[~good] = 0.0
+            norms[~good] = 1.0
+        block /= norms[:, None]
+        if rows is not None:
+            emb[rows[lo:hi]] = block
+    return ok
+
+
+def _embedding_matrix(source: SnapshotSource, index: dict[str, int], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The snapshot's (n × d) normalised matrix and its has-vector mask (see :class:`SnapshotSource`)."""
+    mat = source.embeddings
+    dim = int(mat.shape[1]) if mat.ndim == 2 and mat.size else 0
+    if source.embeddings_aligned and dim:
+        if mat.shape[0] != n or mat.dtype != np.float32:
+            raise ValueError(f"aligned embeddings must be ({n} × d) float32, got {mat.shape} {mat.dtype}")
+        return mat, _normalise_rows(mat)
+    emb = np.zeros((n, dim), dtype=np.float32)
+    has_vec = np.zeros(n, dtype=bool)
+    if dim:
+        pos = np.fromiter(map(index.get, source.embedding_ids, itertools.repeat(-1)), dtype=np.int64)
+        keep = pos >= 0
+        target = pos[keep]
+        emb[target] = mat if keep.all() else mat[keep]
+        has_vec[target[_normalise_rows(emb, target)]] = True
+    return emb, has_vec
+
+
 def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     """Build the arrays of a snapshot. O(n + e) numpy work plus one pass over the index rows."""
     ids = tuple(source.node_ids)
@@ -503,52 +639,27 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     next_index = np.fromiter(map(index.get, c["next_id"], itertools.repeat(-1)), dtype=np.int64, count=n)
 
     # Embeddings: rows aligned to node order; missing vectors stay zero and are masked out.
-    dim = int(source.embeddings.shape[1]) if source.embeddings.ndim == 2 and source.embeddings.size else 0
-    emb = np.zeros((n, dim), dtype=np.float32)
-    has_vec = np.zeros(n, dtype=bool)
-    if dim:
-        pos = np.fromiter((index.get(nid, -1) for nid in source.embedding_ids), dtype=np.int64)
-        keep = pos >= 0
-        mat = np.asarray(source.embeddings, dtype=np.float32)
-        # Copy into place, then normalise block by block in place: no full-size temporaries beside the matrix
-        # (peak memory of a large chat); per-row arithmetic is the same as one whole-matrix normalisation.
-        target = pos[keep]
-        if keep.all():
-            emb[target] = mat
-        else:
-            emb[target] = mat[keep]
-        norms = np.empty(target.size, dtype=np.float32)
-        for lo in range(0, target.size, _NORM_BLOCK):
-            block = target[lo:lo + _NORM_BLOCK]
-            norms[lo:lo + _NORM_BLOCK] = np.linalg.norm(emb[block], axis=1)
-        ok = norms > 0
-        emb[target[~ok]] = 0.0
-        good = target[ok]
-        good_norms = norms[ok]
-        for lo in range(0, good.size, _NORM_BLOCK):
-            block = good[lo:lo + _NORM_BLOCK]
-            emb[block] = emb[block] / good_norms[lo:lo + _NORM_BLOCK, None]
-        has_vec[good] = True
+    emb, has_vec = _embedding_matrix(source, index, n)
 
     # Active edges between non-archived nodes, in edge-list order (reference §1.3). Column passes instead of one
     # branchy loop: a large chat has several edges per node.
-    edges = source.edges
-    m = len(edges)
-    invalid_at = np.array(list(map(_INVALID_AT, edges)), dtype=np.float64).reshape(m)  # None → NaN
-    expired_at = np.array(list(map(_EXPIRED_AT, edges)), dtype=np.float64).reshape(m)
+    cols = source.edge_columns if source.edge_columns is not None else EdgeColumns.of_rows(source.edges, index)
+    invalid_at, expired_at = cols.invalid_at, cols.expired_at
     future = np.concatenate([invalid_at[invalid_at > now_ms], expired_at[expired_at > now_ms]])
     valid_until = float(future.min()) if future.size else math.inf
-    a_all = np.fromiter(map(index.get, map(_FROM_ID, edges), itertools.repeat(-1)), np.int64, m)
-    b_all = np.fromiter(map(index.get, map(_TO_ID, edges), itertools.repeat(-1)), np.int64, m)
+    a_all, b_all = cols.src, cols.dst
     keep = ~(invalid_at <= now_ms) & ~(expired_at <= now_ms) & (a_all >= 0) & (b_all >= 0) & (a_all != b_all)
     keep[keep] = ~archived[a_all[keep]] & ~archived[b_all[keep]]
-    kept = np.flatnonzero(keep).tolist()
     src = a_all[keep]
     dst = b_all[keep]
-    strength = np.fromiter((edges[k].strength for k in kept), np.float64, len(kept))
-    inhibit_mask = np.fromiter((edges[k].edge_type == INHIBIT_EDGE_TYPE for k in kept), bool, len(kept))
-    relation_l = [edges[k].relation for k in kept]
-    edge_ids_l = [edges[k].edge_id for k in kept]
+    strength = cols.strength[keep]
+    inhibit_mask = cols.edge_type[keep] == INHIBIT_EDGE_TYPE
+    if keep.all():
+        relation_t, edge_ids_t = tuple(cols.relation), tuple(cols.edge_ids)
+    else:
+        kept = np.flatnonzero(keep).tolist()
+        relation_t = tuple(map(cols.relation.__getitem__, kept))
+        edge_ids_t = tuple(map(cols.edge_ids.__getitem__, kept))
 
     def sym(mask: np.ndarray) -> sp.csr_matrix:
         r = np.concatenate([src[mask], dst[mask]])
@@ -620,8 +731,8 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
         edge_dst=dst,
         edge_strength=strength,
         edge_inhibit=inhibit_mask,
-        edge_relation=tuple(relation_l),
-        edge_ids=tuple(edge_ids_l),
+        edge_relation=relation_t,
+        edge_ids=edge_ids_t,
         incident=incident,
         valid_until_ms=valid_until,
         knowledge=knowledge,

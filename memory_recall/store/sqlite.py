@@ -40,6 +40,7 @@ ties in BM25 scores break by node id (byte order).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -79,11 +80,11 @@ from memory_recall.model.state import (
     SummaryState,
     TimelineState,
 )
-from memory_recall.store.snapshot import EdgeRow, NodeIndex, SnapshotSource, node_index
+from memory_recall.store.bm25_index import Bm25Index, cache_for
+from memory_recall.store.snapshot import EdgeColumns, NodeIndex, NodeIndexTable, SnapshotSource, node_index
 from memory_recall.text.tokenize import (
     FTS5_TOKENIZE_CLAUSE,
     TOKENIZER_VERSION,
-    fts_match_expression,
     index_terms,
 )
 
@@ -114,6 +115,7 @@ _MAX_BM25_TERMS = 1024
 _MAX_BM25_LIMIT = 100_000
 # SQLite builds before 3.32 allow 999 bound parameters per statement; stay below for IN (...) lists.
 _CHUNK = 500
+_SNAPSHOT_CHUNK = 8192  # rows per fetch of the snapshot read (bounded transient memory)
 _MAX_MILLIS = 253_402_300_799_999
 _MAX_MODEL_ID_LENGTH = 200
 _MAX_TEXT_HASH_LENGTH = 256
@@ -609,6 +611,79 @@ class StoreReader:
         ).fetchall()
         return [_load(Edge, r[2], "edge") for r in rows]
 
+    # -- targeted reads for incremental ingest and embedding (O(touched nodes), not O(chat)) ----------------
+
+    def get_nodes_by_type(self, chat_id: str, types: Iterable[str]) -> list[Node]:
+        """The chat's nodes whose ``type`` is one of ``types``, in insertion order (the ``type`` column: no JSON
+        is parsed for the other nodes)."""
+        chat_id = validate_chat_id(chat_id)
+        wanted = _id_list(types, "types")
+        if not wanted:
+            return []
+        rows = self._conn.execute(
+            f"SELECT json FROM nodes WHERE chat_id = ? AND type IN ({_marks(len(wanted))}) ORDER BY ord, rid",
+            (chat_id, *wanted),
+        ).fetchall()
+        return [_load(Node, r[0], "node") for r in rows]
+
+    def message_chain(self, chat_id: str) -> list[tuple[int, str, str | None, str | None]]:
+        """``(seq, node_id, prev_id, next_id)`` of every active (not archived) ``message`` node, sorted by
+        ``(seq, node_id)``: the temporal chain as stored, from the denormalised index column (one JSON parse of
+        small arrays, no node JSON)."""
+        chat_id = validate_chat_id(chat_id)
+        # The index column is a JSON array in NodeIndex field order; SQLite extracts the three values in C
+        # (faster than decoding whole rows in Python). A missing link is stored as "" (ids are never empty).
+        pos = {name: i for i, name in enumerate(NodeIndex.__dataclass_fields__)}
+        rows: list[tuple[int, str, str | None, str | None]] = self._conn.execute(
+            f"SELECT json_extract(idx, '$[{pos['seq']}]') AS seq, node_id, "
+            f"nullif(json_extract(idx, '$[{pos['prev_id']}]'), ''), "
+            f"nullif(json_extract(idx, '$[{pos['next_id']}]'), '') "
+            "FROM nodes WHERE chat_id = ? AND type = 'message' AND archived = 0 ORDER BY seq, node_id",
+            (chat_id,),
+        ).fetchall()
+        return rows
+
+    def lasting_edge(self, chat_id: str, node_id: str, exclude_ends: Iterable[str] = ()) -> Edge | None:
+        """Of the edges touching ``node_id`` whose other end is not in ``exclude_ends`` and that are not
+        invalidated (``invalid_at`` unset), the one active longest: no ``expired_at`` first, then the latest
+        ``expired_at``; ties by insertion order. ``None`` when there is none.
+
+        If this edge is not active at some time, no other such edge is: one row answers "does the node keep an
+        active edge besides those around ``exclude_ends``" without reading all its edges.
+        """
+        chat_id = validate_chat_id(chat_id)
+        node_id = _str_arg(node_id, "node_id")
+        exclude = _id_list(exclude_ends, "exclude_ends")
+        if len(exclude) > _CHUNK:
+            raise InputError("exclude_ends", f"must hold at most {_CHUNK} ids, got {len(exclude)}")
+        # Numbered marks, shared by both halves; "" for none (SQLite reads "x NOT IN ()" as true).
+        marks = ",".join(f"?{i + 3}" for i in range(len(exclude)))
+        row = self._conn.execute(
+            "SELECT json FROM ("
+            "SELECT json, expired_at, ord, edge_id FROM edges WHERE chat_id = ?1 AND from_id = ?2 "
+            f"AND invalid_at IS NULL AND to_id NOT IN ({marks}) "
+            "UNION ALL SELECT json, expired_at, ord, edge_id FROM edges WHERE chat_id = ?1 AND to_id = ?2 "
+            f"AND invalid_at IS NULL AND from_id NOT IN ({marks})"
+            ") ORDER BY expired_at IS NULL DESC, expired_at DESC, ord, edge_id LIMIT 1",
+            (chat_id, node_id, *exclude),
+        ).fetchone()
+        return None if row is None else _load(Edge, row[0], "edge")
+
+    def embedding_status(self, chat_id: str, model_id: str) -> list[tuple[str, bool, str | None, str | None]]:
+        """``(node_id, archived, node_json, text_hash)`` of every node of the chat in insertion order:
+        ``node_json`` is ``None`` for an archived node (not needed, not read), ``text_hash`` that of the node's
+        stored ``model_id`` vector (``""`` when stored without one) or ``None`` when it has none."""
+        chat_id = validate_chat_id(chat_id)
+        model_id = _model_id(model_id)
+        rows = self._conn.execute(
+            "SELECT n.node_id, n.archived, CASE WHEN n.archived THEN NULL ELSE n.json END, e.text_hash "
+            "FROM nodes n LEFT JOIN embeddings e "
+            "ON e.chat_id = n.chat_id AND e.node_id = n.node_id AND e.model_id = ? "
+            "WHERE n.chat_id = ? ORDER BY n.ord, n.rid",
+            (model_id, chat_id),
+        ).fetchall()
+        return [(r[0], bool(r[1]), r[2], r[3]) for r in rows]
+
     # -- chat state ----------------------------------------------------------------------------------------
 
     def get_knowledge(self, chat_id: str) -> KnowledgeState:
@@ -698,34 +773,25 @@ class StoreReader:
     def snapshot_source(self, chat_id: str, model_id: str) -> SnapshotSource:
         """Everything :func:`~memory_recall.store.snapshot.build_snapshot` needs, read in this one transaction.
 
-        Nodes come with their denormalised index values (no full JSON parse), edges with their diffusion
-        columns, vectors of ``model_id`` only.
+        Nodes come with their denormalised index values (no full JSON parse) and their ``model_id`` vectors in
+        one ordered pass, straight into one (n × d) float32 matrix (``embeddings_aligned``: no joined copy);
+        edges come as :class:`~memory_recall.store.snapshot.EdgeColumns` (no per-edge objects). Both are read
+        in chunks. Vectors of different sizes → ``StoreError``.
         """
         chat_id = validate_chat_id(chat_id)
+        model_id = _model_id(model_id) if model_id else ""
         version = self.chat_version(chat_id)
-        rows = self._conn.execute(
-            "SELECT node_id, idx, json FROM nodes WHERE chat_id = ? ORDER BY ord, rid", (chat_id,)
-        ).fetchall()
-        node_ids = [r[0] for r in rows]
-        index_rows = NodeIndex.many_from_json([r[1] for r in rows])
-        edge_rows = [
-            EdgeRow(*r)
-            for r in self._conn.execute(
-                "SELECT edge_id, from_id, to_id, relation, strength, edge_type, invalid_at, expired_at "
-                "FROM edges WHERE chat_id = ? ORDER BY ord, rowid",
-                (chat_id,),
-            ).fetchall()
-        ]
-        emb_ids, matrix = self.get_embeddings(chat_id, model_id) if model_id else ([], np.zeros((0, 0), np.float32))
+        node_ids, index_rows, node_json, matrix = self._snapshot_nodes(chat_id, model_id)
+        edge_columns = self._snapshot_edges(chat_id, {nid: i for i, nid in enumerate(node_ids)})
         return SnapshotSource(
             chat_id=chat_id,
             version=version,
             node_ids=node_ids,
             node_index=index_rows,
-            node_json=[r[2] for r in rows],
-            edges=edge_rows,
+            node_json=node_json,
+            edges=[],
             model_id=model_id,
-            embedding_ids=emb_ids,
+            embedding_ids=node_ids if matrix.size else [],
             embeddings=matrix,
             knowledge=self.get_knowledge(chat_id),
             regions=self.get_regions(chat_id),
@@ -733,7 +799,83 @@ class StoreReader:
             summaries=self.get_summaries(chat_id),
             history=self.get_history(chat_id),
             journal=self.get_journal(chat_id),
+            edge_columns=edge_columns,
+            embeddings_aligned=bool(matrix.size),
         )
+
+    def _snapshot_nodes(
+        self, chat_id: str, model_id: str
+    ) -> tuple[list[str], NodeIndexTable, list[str], np.ndarray]:
+        """Node ids, decoded index rows and node JSON in node order, and the (n × d) matrix of their
+        ``model_id`` vectors (zero rows where a node has none; ``zeros((0, 0))`` when no node has one)."""
+        conn = self._conn
+        n = conn.execute("SELECT count(*) FROM nodes WHERE chat_id = ?", (chat_id,)).fetchone()[0]
+        first = conn.execute(
+            "SELECT dim FROM embeddings WHERE chat_id = ? AND model_id = ? LIMIT 1", (chat_id, model_id)
+        ).fetchone() if model_id else None
+        d = int(first[0]) if first is not None else 0
+        matrix = np.zeros((n, d) if d else (0, 0), dtype=np.float32)
+        node_ids: list[str] = []
+        index_tables: list[NodeIndexTable] = []
+        node_json: list[str] = []
+        cursor = conn.execute(
+            "SELECT n.node_id, n.idx, n.json, e.dim, e.vector FROM nodes n LEFT JOIN embeddings e "
+            "ON e.chat_id = n.chat_id AND e.node_id = n.node_id AND e.model_id = ? "
+            "WHERE n.chat_id = ? ORDER BY n.ord, n.rid",
+            (model_id, chat_id),
+        )
+        what = f"embeddings of {model_id!r}"
+        while rows := cursor.fetchmany(_SNAPSHOT_CHUNK):
+            start = len(node_ids)
+            ids, texts, jsons, dims, blobs = zip(*rows, strict=True)
+            node_ids.extend(ids)
+            # Decoded per chunk (one JSON parse each): the index texts of the whole chat never exist at once.
+            index_tables.append(NodeIndex.many_from_json(texts))
+            node_json.extend(jsons)
+            if len(node_ids) > n:
+                raise StoreError("corrupt nodes in the store: the node count changed during a read")
+            if not d:
+                continue
+            have = [k for k, blob in enumerate(blobs) if blob is not None]
+            if not have:
+                continue
+            present = [blobs[k] for k in have]
+            if {dims[k] for k in have} != {d} or {len(blob) for blob in present} != {4 * d}:
+                raise StoreError(f"corrupt {what} in the store: vector sizes differ")
+            # One chunk-sized join, copied into place: the full matrix is never built twice.
+            matrix[np.asarray(have, dtype=np.int64) + start] = np.frombuffer(b"".join(present), "<f4").reshape(-1, d)
+        if len(node_ids) != n:
+            raise StoreError("corrupt nodes in the store: the node count changed during a read")
+        return node_ids, NodeIndexTable.concat(index_tables) if index_tables else NodeIndex.many_from_json([]), \
+            node_json, matrix
+
+    def _snapshot_edges(self, chat_id: str, index: dict[str, int]) -> EdgeColumns:
+        """The chat's edges in edge-list order as columns, endpoints as positions in ``index`` (−1 if absent)."""
+        cursor = self._conn.execute(
+            "SELECT edge_id, from_id, to_id, relation, strength, edge_type, invalid_at, expired_at "
+            "FROM edges WHERE chat_id = ? ORDER BY ord, rowid",
+            (chat_id,),
+        )
+        edge_ids: list[str] = []
+        relation: list[str] = []
+        parts: list[tuple[np.ndarray, ...]] = []
+        while rows := cursor.fetchmany(_SNAPSHOT_CHUNK):
+            m = len(rows)
+            eid, a, b, rel, strength, edge_type, invalid_at, expired_at = zip(*rows, strict=True)
+            edge_ids.extend(eid)
+            relation.extend(map(sys.intern, rel))  # a few distinct words: one string object each
+            parts.append((
+                np.fromiter(map(index.get, a, itertools.repeat(-1)), np.int64, m),
+                np.fromiter(map(index.get, b, itertools.repeat(-1)), np.int64, m),
+                np.array(strength, dtype=np.float64).reshape(m),
+                np.array(edge_type, dtype=np.int64).reshape(m),
+                np.array(invalid_at, dtype=np.float64).reshape(m),  # NULL → NaN
+                np.array(expired_at, dtype=np.float64).reshape(m),
+            ))
+        if not parts:
+            return EdgeColumns.empty()
+        src, dst, strength_a, type_a, invalid_a, expired_a = (np.concatenate(col) for col in zip(*parts, strict=True))
+        return EdgeColumns(edge_ids, src, dst, relation, strength_a, type_a, invalid_a, expired_a)
 
     def embedding_hashes(self, chat_id: str, model_id: str) -> dict[str, str]:
         """node id → text hash of its stored ``model_id`` vector (``""`` when stored without one)."""
@@ -785,28 +927,44 @@ class StoreReader:
     def bm25(self, chat_id: str, terms: Sequence[str], limit: int = 50) -> list[tuple[str, float]]:
         """Non-archived nodes matching any of ``terms``, best first: ``(node_id, score)``.
 
-        ``score = -bm25(nodes_fts, 3.0, 2.0, 1.0)`` (primary, secondary, body column weights), higher is
-        better; ties by node id. Terms are quoted by :func:`fts_match_expression`, so no text is parsed as
-        FTS syntax.
-        Note: FTS5's IDF and average lengths are computed over the whole index (all chats of the store).
+        The score is FTS5's ``-bm25(nodes_fts, 3.0, 2.0, 1.0)`` (primary, secondary, body column weights),
+        higher is better, with IDF and average length computed over this chat's rows only; ties by node id.
+        Terms are plain text, never FTS syntax (:mod:`memory_recall.store.bm25_index` states the formula and
+        the term rules). This reader builds the chat's index for each call (it sees its own snapshot, a
+        writer its uncommitted rows); :meth:`Store.bm25` caches the index per chat version.
         """
-        chat_id = validate_chat_id(chat_id)
-        limit = _int_arg(limit, "limit", 1, _MAX_BM25_LIMIT)
-        if isinstance(terms, str):
-            raise InputError("terms", "must be a list of terms, not one string")
-        term_list = [_str_arg(t, f"terms[{i}]") for i, t in enumerate(terms)]
-        if len(term_list) > _MAX_BM25_TERMS:
-            raise InputError("terms", f"must hold at most {_MAX_BM25_TERMS} terms, got {len(term_list)}")
-        expr = fts_match_expression(term_list)
-        if not expr:
+        chat_id, term_list, limit = _bm25_args(chat_id, terms, limit)
+        if not term_list:
             return []
-        w1, w2, w3 = BM25_WEIGHTS
-        rows = self._conn.execute(
-            f"SELECT node_id, -bm25(nodes_fts, {w1}, {w2}, {w3}) AS score FROM nodes_fts "
-            "WHERE nodes_fts MATCH ? AND chat_id = ? ORDER BY score DESC, node_id LIMIT ?",
-            (expr, chat_id, limit),
-        ).fetchall()
-        return [(str(node_id), float(score)) for node_id, score in rows]
+        return _bm25_read_index(self._conn, chat_id).query(term_list, limit)
+
+
+def _bm25_args(chat_id: str, terms: Sequence[str], limit: int) -> tuple[str, list[str], int]:
+    """Validated ``bm25`` arguments; the terms with NUL, lone surrogates and blank terms removed."""
+    chat_id = validate_chat_id(chat_id)
+    limit = _int_arg(limit, "limit", 1, _MAX_BM25_LIMIT)
+    if isinstance(terms, str):
+        raise InputError("terms", "must be a list of terms, not one string")
+    term_list = [_str_arg(t, f"terms[{i}]") for i, t in enumerate(terms)]
+    if len(term_list) > _MAX_BM25_TERMS:
+        raise InputError("terms", f"must hold at most {_MAX_BM25_TERMS} terms, got {len(term_list)}")
+    return chat_id, [t for t in term_list if t.strip()], limit
+
+
+def _bm25_read_index(conn: sqlite3.Connection, chat_id: str) -> Bm25Index:
+    """The BM25 index of the chat's FTS rows (its non-archived nodes), read on ``conn``."""
+    # Through nodes (indexed by chat, in node-id order) to the FTS row by rowid: filtering nodes_fts on its
+    # UNINDEXED chat_id column would scan every chat's rows. The rows are read from FTS5's content shadow
+    # table (columns c0, c1, c2 = the three term columns): half the time of a lookup through the virtual table.
+    rows = conn.execute(
+        "SELECT n.node_id, f.c0, f.c1, f.c2 FROM nodes AS n "
+        "JOIN nodes_fts_content AS f ON f.id = n.rid WHERE n.chat_id = ? ORDER BY n.node_id",
+        (chat_id,),
+    ).fetchall()
+    if not rows:
+        return Bm25Index.build([], [], [], [])
+    ids, primary, secondary, body = zip(*rows, strict=True)
+    return Bm25Index.build(ids, primary, secondary, body)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -1582,6 +1740,26 @@ class Store:
         with self.read() as r:
             return r.edges_of(chat_id, node_id)
 
+    def get_nodes_by_type(self, chat_id: str, types: Iterable[str]) -> list[Node]:
+        """See :meth:`StoreReader.get_nodes_by_type`."""
+        with self.read() as r:
+            return r.get_nodes_by_type(chat_id, types)
+
+    def message_chain(self, chat_id: str) -> list[tuple[int, str, str | None, str | None]]:
+        """See :meth:`StoreReader.message_chain`."""
+        with self.read() as r:
+            return r.message_chain(chat_id)
+
+    def lasting_edge(self, chat_id: str, node_id: str, exclude_ends: Iterable[str] = ()) -> Edge | None:
+        """See :meth:`StoreReader.lasting_edge`."""
+        with self.read() as r:
+            return r.lasting_edge(chat_id, node_id, exclude_ends)
+
+    def embedding_status(self, chat_id: str, model_id: str) -> list[tuple[str, bool, str | None, str | None]]:
+        """See :meth:`StoreReader.embedding_status`."""
+        with self.read() as r:
+            return r.embedding_status(chat_id, model_id)
+
     def get_knowledge(self, chat_id: str) -> KnowledgeState:
         """See :meth:`StoreReader.get_knowledge`."""
         with self.read() as r:
@@ -1648,9 +1826,15 @@ class Store:
             return r.list_records(chat_id)
 
     def bm25(self, chat_id: str, terms: Sequence[str], limit: int = 50) -> list[tuple[str, float]]:
-        """See :meth:`StoreReader.bm25`."""
+        """See :meth:`StoreReader.bm25`; the chat's index is built once per chat version and cached."""
+        chat_id, term_list, limit = _bm25_args(chat_id, terms, limit)
+        if not term_list:
+            return []
         with self.read() as r:
-            return r.bm25(chat_id, terms, limit)
+            # Version and rows come from one snapshot, so the cached index is exactly that version's.
+            version = r.chat_version(chat_id)
+            index = cache_for(self).get(chat_id, version, lambda: _bm25_read_index(r._conn, chat_id))
+        return index.query(term_list, limit)
 
     # -- one-shot writes (each its own transaction and version bump) ---------------------------------------
 

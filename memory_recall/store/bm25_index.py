@@ -1,0 +1,268 @@
+"""Per-chat in-memory BM25 index: SQLite FTS5's ``bm25()`` formula with statistics over one chat's rows.
+
+Usage::
+
+    index = Bm25Index.build(node_ids, primary, secondary, body)    # the chat's nodes_fts columns
+    index.query(["dragon", "lair"], limit=50)                       # [(node_id, score)], best first
+
+Contract
+--------
+* **Formula.** FTS5's ``bm25(nodes_fts, 3.0, 2.0, 1.0)`` (``fts5_aux.c``), negated so higher is better: for
+  every query term ``q`` and document ``d``
+
+  - ``f_q = Σ_c w_c · tf(q, c)`` with column weights ``w = (3, 2, 1)`` (primary, secondary, body);
+  - ``D`` = the document's token count over all three columns (unweighted), ``avgdl`` = total tokens / rows;
+  - ``idf_q = ln((N − n_q + 0.5) / (n_q + 0.5))``, replaced by ``1e-6`` when ≤ 0 (a term in more than half
+    the rows still counts a little, as in FTS5);
+  - ``score = Σ_q idf_q · f_q · (k1 + 1) / (f_q + k1 · (1 − b + b · D / avgdl))``, ``k1 = 1.2``, ``b = 0.75``.
+
+  Only documents containing at least one query term are returned. A repeated query term counts once per
+  occurrence, as a repeated phrase in an FTS5 ``OR`` query does.
+* **Statistics are per chat.** ``N``, ``n_q`` and ``avgdl`` come from the rows the index is built from (one
+  chat's non-archived nodes), so one chat's scores never move when another chat changes. This is the one
+  intended difference from the store-wide FTS5 table, whose statistics cover every chat.
+* **Terms.** Documents hold pre-tokenised terms joined by single spaces
+  (:func:`memory_recall.store.sqlite.fts_columns`). A query term is plain text, never FTS syntax: NUL and lone
+  surrogates are removed (as :func:`~memory_recall.text.tokenize.fts_match_expression` does), the rest is
+  split where FTS5's ``unicode61`` tokenizer with the store's ``categories`` option splits (whitespace,
+  control and format characters) and lower-cased (its case folding). A term that splits into several tokens
+  is searched as those tokens, each scored on its own (FTS5 would have searched the quoted phrase); the
+  lexical stage's terms are single tokens. Unknown terms are dropped.
+* **Order.** Score descending, ties by node-id byte order; deterministic.
+* **Cost.** Build: one pass over the column strings, one dict lookup per token, one CSR matrix
+  (terms × documents) of weighted frequencies. Query: O(total postings of the query terms), no loop over
+  documents.
+
+:class:`Bm25Cache` holds the latest index per chat keyed by ``(chat_id, version)``; the store's version
+contract (a version is never reused, not even by a chat deleted and created again) makes that key safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import unicodedata
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["BM25_B", "BM25_K1", "Bm25Cache", "Bm25Index", "cache_for", "split_query_term"]
+
+#: FTS5's constants (fts5_aux.c, fts5Bm25Function).
+BM25_K1 = 1.2
+BM25_B = 0.75
+#: Column weights (primary, secondary, body): the store's ``BM25_WEIGHTS``.
+_WEIGHTS = (3.0, 2.0, 1.0)
+_IDF_FLOOR = 1e-6
+# Token characters of the store's unicode61 tokenizer: categories 'L* N* M* P* S* Co Cn'. Everything
+# else (Z*, Cc, Cf, Cs) separates tokens.
+_TOKEN_MAJOR = frozenset("LNMPS")
+_TOKEN_EXACT = frozenset({"Co", "Cn"})
+
+
+def _is_token_char(ch: str) -> bool:
+    cat = unicodedata.category(ch)
+    return cat[0] in _TOKEN_MAJOR or cat in _TOKEN_EXACT
+
+
+def split_query_term(term: str) -> list[str]:
+    """The index tokens one plain-text query term stands for (see the module contract).
+
+    >>> split_query_term('Dragon "Lair"')
+    ['dragon', '"lair"']
+    """
+    # The common case (a word of the tokenizer) is one token already.
+    if term.isalnum():
+        return [term.lower()]
+    tokens: list[str] = []
+    current: list[str] = []
+    for ch in term:
+        if ch == "\x00" or "\ud800" <= ch <= "\udfff":
+            continue  # removed, not a separator: fts_match_expression deletes them before quoting
+        if _is_token_char(ch):
+            current.append(ch)
+        elif current:
+            tokens.append("".join(current).lower())
+            current = []
+    if current:
+        tokens.append("".join(current).lower())
+    return tokens
+
+
+def _column_tokens(column: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """All tokens of one column in document order, and the token count of each document."""
+    tokens = " ".join(column).split()
+    # Terms are joined by single spaces and hold no whitespace (fts_columns), so spaces + 1 counts them.
+    counts = np.fromiter(map(str.count, column, [" "] * len(column)), dtype=np.int64, count=len(column))
+    counts += np.fromiter(map(bool, column), dtype=np.int64, count=len(column))
+    if int(counts.sum()) != len(tokens):
+        # Text not written by fts_columns (repeated or odd whitespace): count per document instead.
+        per_doc = [s.split() for s in column]
+        tokens = [t for doc in per_doc for t in doc]
+        counts = np.fromiter(map(len, per_doc), dtype=np.int64, count=len(per_doc))
+    return tokens, counts
+
+
+@dataclass(frozen=True, eq=False)
+class Bm25Index:
+    """An immutable BM25 index over one chat's documents (see the module docstring).
+
+    ``node_ids`` are in byte order (position = tie-break rank); ``tf`` is the (terms × documents) CSR matrix of
+    weighted term frequencies; ``norm[d] = k1 · (1 − b + b · D_d / avgdl)``; ``idf[t]`` per term.
+    """
+
+    node_ids: tuple[str, ...]
+    vocab: dict[str, int]
+    tf: sp.csr_matrix
+    norm: np.ndarray
+    idf: np.ndarray
+
+    @classmethod
+    def build(
+        cls,
+        node_ids: Sequence[str],
+        primary: Sequence[str],
+        secondary: Sequence[str],
+        body: Sequence[str],
+    ) -> Bm25Index:
+        """Index documents given as their three space-joined term columns; ``node_ids`` unique.
+
+        The documents may come in any order: they are sorted by node-id byte order here.
+        """
+        n = len(node_ids)
+        if not len(primary) == len(secondary) == len(body) == n:
+            raise ValueError("node_ids and the three term columns must have the same length")
+        # str order is UTF-8 byte order (SQLite's BINARY collation); the store reads rows already sorted.
+        if all(a < b for a, b in pairwise(node_ids)):
+            ids, columns = tuple(node_ids), [list(primary), list(secondary), list(body)]
+        else:
+            order = sorted(range(n), key=node_ids.__getitem__)
+            ids = tuple(node_ids[i] for i in order)
+            columns = [[col[i] for i in order] for col in (primary, secondary, body)]
+            if not all(a < b for a, b in pairwise(ids)):
+                raise ValueError("node_ids must be unique")
+        if n == 0:
+            empty = sp.csr_matrix((0, 0), dtype=np.float64)
+            return cls(ids, {}, empty, np.zeros(0), np.zeros(0))
+        all_tokens: list[str] = []
+        docs_parts, weight_parts = [], []
+        length = np.zeros(n, dtype=np.int64)
+        doc_range = np.arange(n, dtype=np.int64)
+        for weight, column in zip(_WEIGHTS, columns, strict=True):
+            tokens, counts = _column_tokens(column)
+            all_tokens.extend(tokens)
+            docs_parts.append(np.repeat(doc_range, counts))
+            weight_parts.append(np.full(len(tokens), weight))
+            length += counts
+        # Codes in first-seen order through a dict: ~6x faster than np.unique(return_inverse=True) over a
+        # fixed-width string array at 100k nodes (0.25 s vs 1.6 s + 0.6 s to build the array), and no
+        # fixed-width copy sized by the longest term. Code numbering never reaches the output.
+        vocab = {term: i for i, term in enumerate(dict.fromkeys(all_tokens))}
+        codes = np.fromiter(map(vocab.__getitem__, all_tokens), dtype=np.int64, count=len(all_tokens))
+        docs = np.concatenate(docs_parts)
+        weights = np.concatenate(weight_parts)
+        # COO → CSR sums duplicate (term, document) entries: f_q = Σ_c w_c · tf(q, c).
+        tf = sp.csr_matrix((weights, (codes, docs)), shape=(len(vocab), n), dtype=np.float64)
+        tf.sum_duplicates()
+        avgdl = float(length.sum()) / n
+        dl = length.astype(np.float64)
+        norm = BM25_K1 * (1 - BM25_B + BM25_B * dl / avgdl) if avgdl > 0 else np.full(n, BM25_K1 * (1 - BM25_B))
+        hits = np.diff(tf.indptr).astype(np.float64)
+        idf = np.log((n - hits + 0.5) / (hits + 0.5))
+        idf[idf <= 0] = _IDF_FLOOR
+        return cls(ids, vocab, tf, norm, idf)
+
+    def __len__(self) -> int:
+        return len(self.node_ids)
+
+    def query(self, terms: Sequence[str], limit: int) -> list[tuple[str, float]]:
+        """Documents containing any of ``terms``: ``(node_id, score)``, score desc then node id, at most ``limit``."""
+        rows = [
+            code
+            for term in terms
+            for token in split_query_term(term)
+            if (code := self.vocab.get(token)) is not None
+        ]
+        if not rows or limit < 1:
+            return []
+        row_arr = np.asarray(rows, dtype=np.int64)
+        indptr = self.tf.indptr
+        starts, ends = indptr[row_arr], indptr[row_arr + 1]
+        sizes = ends - starts
+        total = int(sizes.sum())
+        if total == 0:
+            return []
+        # Positions of every posting of every query row, without a Python loop: a run of consecutive
+        # positions per row, built from the run starts.
+        offsets = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(total, dtype=np.int64)
+        docs = self.tf.indices[offsets]
+        freq = self.tf.data[offsets]
+        idf = np.repeat(self.idf[row_arr], sizes)
+        term_score = idf * ((freq * (BM25_K1 + 1.0)) / (freq + self.norm[docs]))
+        matched, inverse = np.unique(docs, return_inverse=True)
+        scores = np.bincount(inverse.ravel(), weights=term_score, minlength=matched.size)
+        k = min(limit, matched.size)
+        if k < matched.size:
+            # Keep every document scoring at least the k-th best so ties at the cut go by node id.
+            kth = np.partition(scores, matched.size - k)[matched.size - k]
+            keep = scores >= kth
+            matched, scores = matched[keep], scores[keep]
+        # Document position is node-id byte order, so it is the tie-break key.
+        order = np.lexsort((matched, -scores))[:k]
+        ids = self.node_ids
+        return [(ids[d], float(s)) for d, s in zip(matched[order].tolist(), scores[order].tolist(), strict=True)]
+
+
+class Bm25Cache:
+    """The latest :class:`Bm25Index` of up to ``max_chats`` chats, keyed by ``(chat_id, version)``; thread-safe.
+
+    ``get`` builds on a miss (a newer version replaces the chat's entry; least recently used chats are
+    evicted). Two threads missing at once may both build; either result is the same index.
+    """
+
+    def __init__(self, max_chats: int = 8) -> None:
+        self.max_chats = max_chats
+        self._entries: OrderedDict[str, tuple[int, Bm25Index]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.builds = 0
+
+    def get(self, chat_id: str, version: int, build: Callable[[], Bm25Index]) -> Bm25Index:
+        """The chat's index at ``version``, built by ``build()`` unless cached."""
+        with self._lock:
+            entry = self._entries.get(chat_id)
+            if entry is not None and entry[0] == version:
+                self._entries.move_to_end(chat_id)
+                return entry[1]
+        index = build()
+        with self._lock:
+            self.builds += 1
+            current = self._entries.get(chat_id)
+            # A slower build of an older version never replaces a newer one.
+            if current is None or current[0] <= version:
+                self._entries[chat_id] = (version, index)
+                self._entries.move_to_end(chat_id)
+            while len(self._entries) > self.max_chats:
+                self._entries.popitem(last=False)
+        return index
+
+    def clear(self) -> None:
+        """Drop every cached index."""
+        with self._lock:
+            self._entries.clear()
+
+
+_CACHES: weakref.WeakKeyDictionary[object, Bm25Cache] = weakref.WeakKeyDictionary()
+_CACHES_LOCK = threading.Lock()
+
+
+def cache_for(owner: object) -> Bm25Cache:
+    """The :class:`Bm25Cache` of ``owner`` (a store), created on first use and dropped with the owner."""
+    with _CACHES_LOCK:
+        cache = _CACHES.get(owner)
+        if cache is None:
+            cache = _CACHES[owner] = Bm25Cache()
+        return cache

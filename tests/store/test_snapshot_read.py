@@ -1,0 +1,207 @@
+"""The store's snapshot read (edge columns, vectors read straight into one matrix) builds exactly the snapshot
+that :func:`snapshot_from_graph` builds from the same graph (the edge-row path)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import memory_recall.store.sqlite as store_sqlite
+from memory_recall.errors import StoreError
+from memory_recall.model import Edge, KnowledgeOwner, KnowledgeState, MemoryGraph, Node
+from memory_recall.store import Store
+from memory_recall.store.snapshot import (
+    EdgeColumns,
+    EdgeRow,
+    GraphSnapshot,
+    NodeIndex,
+    NodeIndexTable,
+    build_snapshot,
+    node_index,
+    snapshot_from_graph,
+)
+
+CHAT = "read"
+MODEL = "model-a"
+NOW = 1_000
+
+
+def _differences(a: GraphSnapshot, b: GraphSnapshot) -> list[str]:
+    """Names of the snapshot fields that are not exactly equal (arrays: dtype, shape and bytes)."""
+
+    def same(x: Any, y: Any) -> bool:
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, np.ndarray):
+            if x.dtype != y.dtype or x.shape != y.shape:
+                return False
+            return x.tolist() == y.tolist() if x.dtype == object else x.tobytes() == y.tobytes()
+        if sp.issparse(x):
+            return x.shape == y.shape and all(same(getattr(x, k), getattr(y, k)) for k in ("indptr", "indices", "data"))
+        if dataclasses.is_dataclass(x):
+            return all(same(getattr(x, f.name), getattr(y, f.name)) for f in dataclasses.fields(x))
+        if isinstance(x, dict):
+            return list(x) == list(y) and all(same(x[k], y[k]) for k in x)
+        if isinstance(x, tuple | list):
+            return len(x) == len(y) and all(same(p, q) for p, q in zip(x, y, strict=True))
+        return bool(x == y)
+
+    skip = {"_lock", "_nodes", "version", "chat_id", "model_id"}
+    return [f.name for f in dataclasses.fields(GraphSnapshot) if f.name not in skip
+            and not same(getattr(a, f.name), getattr(b, f.name))]
+
+
+def _graph(n: int = 40) -> tuple[MemoryGraph, dict[str, np.ndarray]]:
+    """Nodes in non-id order with archived ones and a prev/next chain; normal, inhibit, invalid, expired,
+    future-expiring and archived-end edges; vectors of several norms, a zero vector and missing vectors."""
+    rng = np.random.default_rng(3)
+    types = ("event", "character", "pov_memory", "location", "message")
+    nodes = []
+    for i in range(n):
+        t = types[i % len(types)]
+        scope: dict[str, Any] = {"region_primary": f"Region {i % 3}"}
+        if t == "pov_memory":
+            scope = {"layer": "pov", "owner_type": "character", "owner_name": "Erin", "region_primary": "Tower"}
+        nodes.append(Node(
+            id=f"n{(i * 7) % n:03d}", type=t, seq=i, archived=i % 9 == 4, importance=float(i % 10),
+            fields={"title": f"node {i}", "name": f"Name {i % 4}", "visibility": "Erin" if i % 6 == 0 else ""},
+            prev_id=f"n{((i - 1) * 7) % n:03d}" if i % 2 and i else None, scope=scope,
+            story_time={"segment_id": f"seg-{i // 10}", "tense": "past"},
+        ))
+    ids = [nd.id for nd in nodes]
+    edges = []
+    for k in range(3 * n):
+        a, b = ids[int(rng.integers(n))], ids[int(rng.integers(n))]
+        if a == b:
+            continue
+        kind = k % 6
+        edges.append(Edge(
+            id=f"e{k:04d}", from_id=a, to_id=b, relation=("related", "causes", "contradicts")[k % 3],
+            strength=round(float(rng.uniform(0.1, 1.0)), 3), edge_type=255 if kind == 1 else 0,
+            invalid_at=NOW - 10 if kind == 2 else (NOW + 77 if kind == 5 else None),
+            expired_at=NOW - 1 if kind == 3 else (NOW + 500 if kind == 4 else None),
+        ))
+    knowledge = KnowledgeState(owners={"character:erin": KnowledgeOwner(
+        owner_type="character", owner_key="character:erin", owner_name="Erin", node_id=ids[1],
+        known_node_ids=tuple(ids[:5]), visibility_scores={ids[7]: 0.4})})
+    vectors = {}
+    for i, nid in enumerate(ids):
+        if i % 5 == 3:
+            continue  # no vector
+        vec = rng.standard_normal(6).astype(np.float32) * float(10 ** (i % 4 - 2))
+        vectors[nid] = np.zeros(6, np.float32) if i % 11 == 2 else vec
+    return MemoryGraph(nodes=tuple(nodes), edges=tuple(edges), knowledge=knowledge), vectors
+
+
+def _store(tmp_path: Path, graph: MemoryGraph, vectors: dict[str, np.ndarray]) -> Store:
+    store = Store(tmp_path / "snap.sqlite3")
+    with store.write(CHAT) as w:
+        w.replace_graph(graph)
+        if vectors:
+            w.put_embeddings(MODEL, vectors)
+        # Another model's vectors (another size) must not be read.
+        w.put_embeddings("model-b", {graph.nodes[0].id: np.ones(3, np.float32)})
+    return store
+
+
+@pytest.mark.parametrize("chunk", [3, 8192])
+def test_store_snapshot_equals_graph_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    monkeypatch.setattr(store_sqlite, "_SNAPSHOT_CHUNK", chunk)  # several fetches, or one
+    graph, vectors = _graph()
+    with _store(tmp_path, graph, vectors) as store:
+        source = store.snapshot_source(CHAT, MODEL)
+        assert source.edge_columns is not None and source.embeddings_aligned
+        from_store = build_snapshot(source, now_ms=NOW)
+        stored_graph = store.load_graph(CHAT)
+    from_graph = snapshot_from_graph(stored_graph, now_ms=NOW, embeddings=vectors, model_id=MODEL)
+    assert _differences(from_store, from_graph) == []
+    # The fixture exercises what it claims: missing and zero vectors, archived ends, dropped and kept edges.
+    assert from_store.has_vector.sum() == len(vectors) - sum(1 for v in vectors.values() if not v.any())
+    assert 0 < len(from_store.edge_ids) < len(graph.edges)
+    assert from_store.inhibit.nnz > 0 and from_store.archived.any()
+    assert from_store.valid_until_ms == NOW + 77
+    # Repeated relation words are one string object each.
+    first = {}
+    for rel in from_store.edge_relation:
+        assert first.setdefault(rel, rel) is rel
+
+
+def test_edge_rows_and_edge_columns_build_the_same_arrays(tmp_path: Path) -> None:
+    graph, vectors = _graph(25)
+    with _store(tmp_path, graph, vectors) as store:
+        source = store.snapshot_source(CHAT, MODEL)
+    columns = source.edge_columns
+    assert columns is not None
+    rows = [EdgeRow.of(e) for e in graph.edges]
+    old = dataclasses.replace(source, edges=rows, edge_columns=None, embeddings=source.embeddings.copy())
+    assert _differences(build_snapshot(source, now_ms=NOW), build_snapshot(old, now_ms=NOW)) == []
+    index = {nid: i for i, nid in enumerate(source.node_ids)}
+    from_rows = EdgeColumns.of_rows(rows, index)
+    assert from_rows.src.tolist() == columns.src.tolist() and list(from_rows.edge_ids) == list(columns.edge_ids)
+    assert np.array_equal(from_rows.expired_at, columns.expired_at, equal_nan=True)
+
+
+def test_vectors_are_read_in_node_order_and_normalised_in_place(tmp_path: Path) -> None:
+    graph, vectors = _graph(12)
+    with _store(tmp_path, graph, vectors) as store:
+        source = store.snapshot_source(CHAT, MODEL)
+    raw = source.embeddings
+    assert raw.shape == (12, 6) and raw.dtype == np.float32
+    for i, nid in enumerate(source.node_ids):
+        assert raw[i].tolist() == (vectors[nid].tolist() if nid in vectors else [0.0] * 6)
+    snap = build_snapshot(source, now_ms=NOW)
+    assert snap.embeddings is raw  # the matrix read from the store is the snapshot's: no second copy
+    norms = np.linalg.norm(snap.embeddings[snap.has_vector], axis=1)
+    assert np.allclose(norms, 1.0, atol=1e-6)
+
+
+def test_no_vectors_no_model_and_empty_chat(tmp_path: Path) -> None:
+    graph, _ = _graph(10)
+    with _store(tmp_path, graph, {}) as store:
+        for model in (MODEL, ""):
+            source = store.snapshot_source(CHAT, model)
+            assert source.embeddings.shape == (0, 0) and not source.embeddings_aligned
+            snap = build_snapshot(source, now_ms=NOW)
+            assert snap.embeddings.shape == (10, 0) and not snap.has_vector.any()
+            assert _differences(snap, snapshot_from_graph(store.load_graph(CHAT), now_ms=NOW)) == []
+        with store.write("empty") as w:
+            w.upsert_nodes([])
+        empty = build_snapshot(store.snapshot_source("empty", MODEL), now_ms=NOW)
+    assert _differences(empty, snapshot_from_graph(MemoryGraph(), now_ms=NOW)) == []
+    assert empty.n == 0 and empty.edge_src.shape == (0,) and empty.embeddings.shape == (0, 0)
+
+
+@pytest.mark.parametrize("corruption", ["dim", "blob"])
+def test_vectors_of_different_sizes_are_a_store_error(tmp_path: Path, corruption: str) -> None:
+    graph, vectors = _graph(10)
+    store = _store(tmp_path, graph, vectors)
+    store.close()
+    conn = sqlite3.connect(str(tmp_path / "snap.sqlite3"))
+    victim = graph.nodes[-1].id
+    sql = ("UPDATE embeddings SET dim = 7 WHERE node_id = ? AND model_id = ?" if corruption == "dim" else
+           "UPDATE embeddings SET vector = zeroblob(28) WHERE node_id = ? AND model_id = ?")
+    assert conn.execute(sql, (victim, MODEL)).rowcount == 1
+    conn.commit()
+    conn.close()
+    with Store(tmp_path / "snap.sqlite3") as store, pytest.raises(StoreError, match="vector sizes differ"):
+        store.snapshot_source(CHAT, MODEL)
+
+
+
+def test_index_table_rows_equal_the_node_index_of_each_node() -> None:
+    graph, _ = _graph(12)
+    rows = [node_index(nd) for nd in graph.nodes]
+    texts = [r.to_json() for r in rows]
+    table = NodeIndex.many_from_json(texts)
+    joined = NodeIndexTable.concat([NodeIndex.many_from_json(texts[:5]), NodeIndex.many_from_json(texts[5:])])
+    assert list(table) == rows and list(joined) == rows
+    assert table[-1] == rows[-1] and table[2:6] == rows[2:6]
+    assert any(r.visibility for r in rows) and any(r.archived for r in rows)
+    with pytest.raises(IndexError):
+        table[12]
