@@ -118,6 +118,27 @@ class RecallRequest(BaseModel):
         except InputError as exc:
             raise ValueError(exc.reason) from None
 
+    # The recall text and scene fields can be written into the floor's record, and the store refuses to read a
+    # NUL back (the chat would stop answering): refused here, with the field named, like message text.
+    @field_validator(
+        "query_text", "override_text", "override_source", "send_intent", "active_region",
+        "active_character_pov_owner", "active_user_pov_owner", "visibility_filter", "host_character_name",
+        "host_user_name",
+    )
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("must not contain NUL characters")
+        return value
+
+    @field_validator("active_owner_keys")
+    @classmethod
+    def _no_nul_keys(cls, value: list[str] | None) -> list[str] | None:
+        for i, key in enumerate(value or ()):
+            if "\x00" in key:
+                raise ValueError(f"[{i}]: must not contain NUL characters")
+        return value
+
     @field_validator("messages")
     @classmethod
     def _floors(cls, value: list[ChatMessage]) -> list[ChatMessage]:
