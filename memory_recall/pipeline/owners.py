@@ -515,7 +515,6 @@ class OwnerStage(TimedStage):
         out: list[int] = []
         seen: set[int] = set()
         admit_cache: dict[int, bool] = {}
-        events_cache: list[np.ndarray] = []  # events sorted by seq, their seq
 
         def admit(idx: np.ndarray) -> np.ndarray:
             todo = np.array([i for i in idx.tolist() if i not in admit_cache], dtype=np.int64)
@@ -533,11 +532,13 @@ class OwnerStage(TimedStage):
             return True
 
         def events_by_seq() -> tuple[np.ndarray, np.ndarray]:
-            if not events_cache:
+            # Every event of the chat sorted by seq, and their seq: once per snapshot, not per recall.
+            def build() -> tuple[np.ndarray, np.ndarray]:
                 ev = np.flatnonzero(snap.type_code == _EVENT)
                 ev = ev[np.argsort(snap.seq[ev], kind="stable")]
-                events_cache.extend((ev, snap.seq[ev]))
-            return events_cache[0], events_cache[1]
+                return ev, snap.seq[ev]
+
+            return cached(snap, ("owners", "events-by-seq"), build)[0]
 
         def nearest_events(e: int) -> list[int]:
             found = ranked_events(e, window=True)

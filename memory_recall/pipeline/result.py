@@ -59,8 +59,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from memory_recall.pipeline._admission import admissible, rows_of, with_owners
-from memory_recall.pipeline._graph_cache import lookup
-from memory_recall.pipeline.owners import owner_base_key, resolve_pov_owner
+from memory_recall.pipeline._graph_cache import cached, lookup
+from memory_recall.pipeline.owners import owner_base_key, resolve_pov_owner, scene_context
 from memory_recall.pipeline.scoring import (
     TEMPORAL_PRIORITY,
     explain_row,
@@ -70,6 +70,7 @@ from memory_recall.pipeline.scoring import (
 )
 from memory_recall.pipeline.state import Explanation, ExplanationPart, RecallState, StageTrace
 from memory_recall.settings import RecallSettings
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot
 
 __all__ = [
     "ExplanationModel",
@@ -202,6 +203,7 @@ class RecallResult(BaseModel):
 
 
 _SCALARS = (str, int, bool, type(None))
+_isfinite = math.isfinite
 
 
 def plain(value: Any) -> Any:
@@ -214,9 +216,13 @@ def plain(value: Any) -> Any:
     if cls is float:
         return value if math.isfinite(value) else None
     if cls is dict:
-        return {k if type(k) is str else str(k): v if type(v) in _SCALARS else plain(v) for k, v in value.items()}
+        return {
+            k if type(k) is str else str(k): v if type(v) in _SCALARS or (type(v) is float and _isfinite(v))
+            else plain(v)
+            for k, v in value.items()
+        }
     if cls is list or cls is tuple:
-        return [v if type(v) in _SCALARS else plain(v) for v in value]
+        return [v if type(v) in _SCALARS or (type(v) is float and _isfinite(v)) else plain(v) for v in value]
     if isinstance(value, BaseModel):
         return plain(value.model_dump(mode="json"))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -260,15 +266,35 @@ def json_dumps(result: RecallResult, *, timings: bool = False) -> str:
 # --- building ---------------------------------------------------------------------------------------------------
 
 
-def _explanation_model(expl: Explanation) -> ExplanationModel:
-    return ExplanationModel(
-        node_id=expl.node_id,
-        score=float(expl.score),
-        score_kind=expl.score_kind,
-        parts=[ExplanationPartModel(**dataclasses.asdict(p)) for p in expl.parts],
-        multipliers={k: float(v) for k, v in expl.multipliers.items()},
-        notes=plain(expl.notes),
-    )
+_TRACE_FIELDS = tuple(f.name for f in dataclasses.fields(StageTrace))
+
+
+def _trace_dict(trace: StageTrace) -> dict[str, Any]:
+    """``plain(trace.to_dict())`` without the deep copy of ``to_dict`` (``plain`` builds new containers)."""
+    return plain({name: getattr(trace, name) for name in _TRACE_FIELDS})
+
+
+# Selected memories and omitted nodes are handed to RecallResult as plain data: its validation builds the models
+# in one pass (a result holds a few hundred small models; one constructor call each costs several times more).
+
+
+def _explanation_data(expl: Explanation) -> dict[str, Any]:
+    """The fields of the :class:`ExplanationModel` of ``expl``."""
+    return {
+        "node_id": expl.node_id,
+        "score": float(expl.score),
+        "score_kind": expl.score_kind,
+        "parts": [
+            {"name": p.name, "value": p.value, "weight": p.weight, "contribution": p.contribution} for p in expl.parts
+        ],
+        "multipliers": {k: float(v) for k, v in expl.multipliers.items()},
+        "notes": plain(expl.notes),
+    }
+
+
+def _omitted(node_id: str, reason: str) -> dict[str, str]:
+    """The fields of an :class:`OmittedNode`."""
+    return {"node_id": node_id, "reason": reason}
 
 
 def added_by_explanation(node_id: str, origin: str) -> Explanation:
@@ -287,6 +313,24 @@ def _owners_ran(traces: Sequence[StageTrace]) -> bool:
     return any(t.name == "owners" and not t.skipped for t in traces)
 
 
+def _recency(snap: GraphSnapshot, idx: np.ndarray) -> np.ndarray:
+    """``seqRange[1]`` (``seq`` when the range is open) of each node of ``idx``."""
+    end = snap.seq_end[idx]
+    return np.where(np.isnan(end), snap.seq[idx].astype(np.float64), end)
+
+
+def _core_order(snap: GraphSnapshot) -> tuple[np.ndarray, np.ndarray]:
+    """Per snapshot (cached): the non-archived always-inject nodes ordered by recency desc, importance desc, node
+    id — the cap order of nodes that are neither selected nor scored — and which of them are synopses."""
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        idx = np.flatnonzero(snap.core_mask)
+        order = idx[np.lexsort((snap.id_rank[idx], -snap.importance[idx], -_recency(snap, idx)))]
+        return order, snap.type_code[order] == TYPE_CODE["synopsis"]
+
+    return cached(snap, ("result-core-order",), build)[0]
+
+
 class _Builder:
     def __init__(self, state: RecallState, settings: RecallSettings) -> None:
         self.state = state
@@ -303,12 +347,29 @@ class _Builder:
             self.owner_mode = ctx.owner_mode
         self.owner_ctx = with_owners(ctx, self.owner_keys, self.owner_mode)
         self.omitted_counts: dict[str, int] = {}
+        # Recall order uses the temporal bucket (without the cue mode) when a story segment is active.
+        self._timeline = bool(settings.context.enable_story_timeline and ctx.story_segment_id)
+        self._cue_free = dataclasses.replace(ctx, cue_mode="none")
+        self._priority: dict[int, int] = {}
 
     # -- ordering ---------------------------------------------------------------------------------------------
 
     def recency(self, idx: np.ndarray) -> np.ndarray:
-        end = self.snap.seq_end[idx]
-        return np.where(np.isnan(end), self.snap.seq[idx].astype(np.float64), end)
+        return _recency(self.snap, idx)
+
+    def temporal_priority(self, idx: np.ndarray) -> np.ndarray:
+        """§3.20 temporal-bucket priority (cue mode ``none``) of each node of ``idx``. The director is element-wise,
+        so each node is classified once per result (one call for all of them: :meth:`prime`)."""
+        missing = [i for i in dict.fromkeys(idx.tolist()) if i not in self._priority]
+        if missing:
+            tr = temporal_director(self.snap, np.array(missing, dtype=np.int64), self._cue_free, enabled=True)
+            self._priority.update(zip(missing, (TEMPORAL_PRIORITY.get(str(b), 0) for b in tr.bucket), strict=True))
+        return np.array([self._priority[i] for i in idx.tolist()], dtype=np.float64)
+
+    def prime(self, idx: Iterable[int]) -> None:
+        """Classify every node later ordered by :meth:`recall_order` in one director call."""
+        if self._timeline:
+            self.temporal_priority(np.asarray(list(idx), dtype=np.int64))
 
     def recall_order(self, idx: Sequence[int]) -> list[int]:
         """§3.20 recall order of ``idx``."""
@@ -317,16 +378,14 @@ class _Builder:
             return []
         snap = self.snap
         keys = [snap.id_rank[arr], -snap.importance[arr], -self.recency(arr)]
-        ctx = self.state.context
-        if self.settings.context.enable_story_timeline and ctx.story_segment_id:
-            tr = temporal_director(snap, arr, dataclasses.replace(ctx, cue_mode="none"), enabled=True)
-            keys.append(-np.array([TEMPORAL_PRIORITY.get(str(b), 0) for b in tr.bucket], dtype=np.float64))
+        if self._timeline:
+            keys.append(-self.temporal_priority(arr))
         return arr[np.lexsort(tuple(keys))].tolist()
 
-    def cap_order(self, idx: Sequence[int], selected: Sequence[int]) -> list[int]:
+    def cap_order(self, idx: Sequence[int] | np.ndarray, selected: Sequence[int]) -> list[int]:
         """Fill order of a cap (departure 5): selected nodes in selection order, then by weighted score, then
         recency, importance, node id."""
-        arr = np.asarray(list(idx), dtype=np.int64)
+        arr = np.asarray(idx, dtype=np.int64)
         if arr.size == 0:
             return []
         snap = self.snap
@@ -346,23 +405,35 @@ class _Builder:
         out = [i for i in dict.fromkeys(int(i) for i in self.state.selection) if not snap.archived[i]]
         return out[:limit]
 
-    def core(self, selected: list[int], omitted: list[OmittedNode]) -> list[int]:
+    def core(self, selected: list[int], omitted: list[dict[str, str]]) -> list[int]:
+        """Admissible core nodes in cap order, capped; the rest counted and (the first ones) listed as omitted.
+
+        Only the first ``cap + OMITTED_LIST_CAP`` of the cap order are ever used. Unselected, unscored core nodes
+        all share the first two cap keys, so their order is the snapshot's static core order
+        (:func:`_core_order`) and only its first ``cap + OMITTED_LIST_CAP`` admissible ones can reach that
+        prefix: the cap order is computed over the selected and scored core nodes plus those, never over
+        every core node of the chat."""
         snap = self.snap
-        mask = snap.core_mask.copy()
+        order, synopsis = _core_order(snap)
         if snap.summaries.active_entries():
-            mask &= ~snap.mask_types(("synopsis",))
-        idx = np.flatnonzero(mask)
-        if idx.size == 0:
+            order = order[~synopsis]
+        if order.size == 0:
             return []
-        idx = idx[admissible(self.state, idx, context=self.settings.context, scoring=self.settings.scoring,
-                             require_active=False)]
-        ranked = self.cap_order(idx.tolist(), selected)
+        order = order[admissible(self.state, order, context=self.settings.context, scoring=self.settings.scoring,
+                                 require_active=False, owner_context=scene_context(self.state.context))]
         cap = int(self.settings.injector.core_cap)
-        self.omitted_counts["core-cap"] = max(0, len(ranked) - cap)
-        omitted.extend(OmittedNode(node_id=snap.ids[i], reason="core-cap") for i in ranked[cap:cap + OMITTED_LIST_CAP])
+        keep = cap + OMITTED_LIST_CAP
+        special = rows_of(self.state, order) >= 0
+        if selected:
+            special |= np.isin(order, np.asarray(selected, dtype=np.int64))
+        candidates = np.concatenate([order[special], order[~special][:keep]])
+        ranked = self.cap_order(candidates, selected)[:keep]
+        self.omitted_counts["core-cap"] = max(0, int(order.size) - cap)
+        omitted.extend(_omitted(snap.ids[i], "core-cap") for i in ranked[cap:cap + OMITTED_LIST_CAP])
+        self.prime([*selected, *ranked[:cap]])
         return self.recall_order(ranked[:cap])
 
-    def scope(self, selected: list[int], core: list[int], omitted: list[OmittedNode]) -> ScopeBucketsModel:
+    def scope(self, selected: list[int], core: list[int], omitted: list[dict[str, str]]) -> ScopeBucketsModel:
         snap = self.snap
         inj = self.settings.injector
         members = list(dict.fromkeys([*selected, *core]))
@@ -401,12 +472,11 @@ class _Builder:
             ranked = self.cap_order(pooled, selected)
             cap = int(inj.objective_global_cap)
             self.omitted_counts["objective-global-cap"] = max(0, len(ranked) - cap)
-            omitted.extend(OmittedNode(node_id=snap.ids[i], reason="objective-global-cap")
-                           for i in ranked[cap:cap + OMITTED_LIST_CAP])
+            omitted.extend(_omitted(snap.ids[i], "objective-global-cap") for i in ranked[cap:cap + OMITTED_LIST_CAP])
             global_nodes = ranked[:cap]
         else:
             self.omitted_counts["objective-global-disabled"] = len(pooled)
-            omitted.extend(OmittedNode(node_id=snap.ids[i], reason="objective-global-disabled")
+            omitted.extend(_omitted(snap.ids[i], "objective-global-disabled")
                            for i in self.cap_order(pooled, selected)[:OMITTED_LIST_CAP])
             global_nodes = []
         order = [k for k in self.owner_keys if k in by_owner] + [k for k in first_seen if k not in self.owner_keys]
@@ -430,7 +500,8 @@ class _Builder:
             objectiveGlobal=out(global_nodes),
         )
 
-    def explanations(self, selected: list[int]) -> list[SelectedMemory]:
+    def explanations(self, selected: list[int]) -> list[dict[str, Any]]:
+        """The fields of the :class:`SelectedMemory` of each selected node."""
         snap = self.snap
         rows = rows_of(self.state, np.array(selected, dtype=np.int64))
         origins = self.state.meta.get("selectionOrigins") or {}
@@ -443,11 +514,10 @@ class _Builder:
                 expl = explain_row(snap, self.state.scored, r, self.settings.scoring, self.settings.lexical)
             else:
                 expl = added_by_explanation(nid, origin)
-            model = _explanation_model(expl)
-            out.append(SelectedMemory(
-                rank=rank, node_id=nid, type=snap.type_of(i), label=node_label(snap.node(i)), origin=origin,
-                score=model.score, explanation=model,
-            ))
+            out.append({
+                "rank": rank, "node_id": nid, "type": snap.type_of(i), "label": node_label(snap.node(i)),
+                "origin": origin, "score": float(expl.score), "explanation": _explanation_data(expl),
+            })
         return out
 
     def scope_context(self) -> dict[str, Any]:
@@ -499,7 +569,7 @@ def build_result(
     """The :class:`RecallResult` of the final pipeline state (see the module docstring)."""
     b = _Builder(state, settings)
     snap = state.snapshot
-    omitted: list[OmittedNode] = []
+    omitted: list[dict[str, str]] = []
     selected = b.selected()
     core = b.core(selected, omitted)
     core_set = set(core)
@@ -542,31 +612,32 @@ def build_result(
     retrieval["timings"] = dict(timing_map)
     vs = state.vector_status
     selected_set = set(selected)
-    return RecallResult(
-        chat_id=snap.chat_id,
-        graph_version=int(snap.version),
-        user_message=state.query.user_message,
-        user_floor=state.query.user_floor,
-        selected_node_ids=[snap.ids[i] for i in selected],
-        selected=b.explanations(selected),
-        core_node_ids=[snap.ids[i] for i in core],
-        recall_node_ids=[snap.ids[i] for i in recall],
-        grouped_recall_node_ids=grouped,
-        summary_entries=summaries,
-        scope_buckets=scope,
-        nodes=nodes,
-        omitted=omitted,
-        stats=stats,
-        final_owner_keys=list(b.owner_keys),
-        final_owner_scores=list(b.owner_scores),
-        final_owner_mode=b.owner_mode,
-        reinforced_node_ids=[snap.ids[i] for i in state.reinforced if i in selected_set],
-        probabilistic_node_ids=[snap.ids[i] for i in state.probabilistic if i in selected_set],
-        retrieval_status=vs.retrieval_status,
-        semantic_search_used=bool(vs.semantic_search_used),
-        failure_category=vs.failure_category,
-        llm_status=str((state.llm or {}).get("status", "")),
-        meta={"retrieval": plain(retrieval), "scopeContext": b.scope_context()},
-        traces=[plain(t.to_dict()) for t in state.traces],
-        timings=timing_map,
-    )
+    # Validated from plain data: the selected memories and omitted nodes become models in the same pass.
+    return RecallResult.model_validate({
+        "chat_id": snap.chat_id,
+        "graph_version": int(snap.version),
+        "user_message": state.query.user_message,
+        "user_floor": state.query.user_floor,
+        "selected_node_ids": [snap.ids[i] for i in selected],
+        "selected": b.explanations(selected),
+        "core_node_ids": [snap.ids[i] for i in core],
+        "recall_node_ids": [snap.ids[i] for i in recall],
+        "grouped_recall_node_ids": grouped,
+        "summary_entries": summaries,
+        "scope_buckets": scope,
+        "nodes": nodes,
+        "omitted": omitted,
+        "stats": stats,
+        "final_owner_keys": list(b.owner_keys),
+        "final_owner_scores": list(b.owner_scores),
+        "final_owner_mode": b.owner_mode,
+        "reinforced_node_ids": [snap.ids[i] for i in state.reinforced if i in selected_set],
+        "probabilistic_node_ids": [snap.ids[i] for i in state.probabilistic if i in selected_set],
+        "retrieval_status": vs.retrieval_status,
+        "semantic_search_used": bool(vs.semantic_search_used),
+        "failure_category": vs.failure_category,
+        "llm_status": str((state.llm or {}).get("status", "")),
+        "meta": {"retrieval": plain(retrieval), "scopeContext": b.scope_context()},
+        "traces": [_trace_dict(t) for t in state.traces],
+        "timings": timing_map,
+    })

@@ -276,8 +276,16 @@ class RecallState:
     traces: tuple[StageTrace, ...] = ()
 
     def evolve(self, **changes: Any) -> RecallState:
-        """A new state with ``changes`` applied (the old one is untouched)."""
-        return dataclasses.replace(self, **changes)
+        """A new state with ``changes`` applied (the old one is untouched). Unknown field names raise
+        ``TypeError`` (as :func:`dataclasses.replace`)."""
+        if not changes.keys() <= _STATE_FIELDS:
+            return dataclasses.replace(self, **changes)
+        # Every stage evolves the state once or twice per recall: a shallow copy of the field values instead of
+        # dataclasses.replace (which re-runs __init__ over all fields). The state has no __post_init__.
+        new = object.__new__(RecallState)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
 
     def with_meta(self, **items: Any) -> dict[str, Any]:
         """A copy of ``meta`` with ``items`` added."""
@@ -288,6 +296,9 @@ class RecallState:
     def with_skip(self, reason: str) -> tuple[str, ...]:
         """``skip_reasons`` with ``reason`` appended once (ordered, unique)."""
         return self.skip_reasons if reason in self.skip_reasons else (*self.skip_reasons, reason)
+
+
+_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(RecallState))
 
 
 @dataclass(frozen=True)
