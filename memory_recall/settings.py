@@ -415,7 +415,9 @@ _PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "transcript": {
         "scoring": {"vector_weight": 3.0, "time_decay": False, "neighbour_carry": 0.8},
         "lexical": {"lexical_weight": 5.0, "bm25_top_k": 100, "field_match_weight": 0.5},
-        "diffusion": {"hub_degree_threshold": 8, "temporal_link_strength": 0.5},
+        # Diffusion is off: on the full dev split through the controller, switching it off raised R@10 0.719 →
+        # 0.723 (R@5 0.633 → 0.644, nDCG@10 0.542 → 0.548); the neighbour carry in scoring does its useful part.
+        "diffusion": {"enabled": False, "hub_degree_threshold": 8, "temporal_link_strength": 0.5},
     },
 }
 
