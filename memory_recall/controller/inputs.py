@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
 
 from memory_recall.errors import InputError
-from memory_recall.model.chat import MAX_MESSAGE_CHARS, ChatMessage, GenerationType
+from memory_recall.model.chat import MAX_MESSAGE_CHARS, ChatMessage, GenerationType, reject_nul, reject_nul_items
 from memory_recall.model.graph import first_validation_error
 from memory_recall.store.sqlite import validate_chat_id
 from memory_recall.text.normalize import normalize_recall_input
@@ -127,17 +127,12 @@ class RecallRequest(BaseModel):
     )
     @classmethod
     def _no_nul(cls, value: str) -> str:
-        if "\x00" in value:
-            raise ValueError("must not contain NUL characters")
-        return value
+        return reject_nul(value)
 
     @field_validator("active_owner_keys")
     @classmethod
     def _no_nul_keys(cls, value: list[str] | None) -> list[str] | None:
-        for i, key in enumerate(value or ()):
-            if "\x00" in key:
-                raise ValueError(f"[{i}]: must not contain NUL characters")
-        return value
+        return reject_nul_items(value)
 
     @field_validator("messages")
     @classmethod

@@ -827,12 +827,7 @@ def load_view(reader: _Reader, chat_id: str, messages: Sequence[ChatMessage] = (
     touched = [message_id(m.floor) for m in messages] + [message_id(f) for f in floors]
     seeds = [mid for mid in dict.fromkeys(touched) if mid in nodes]
     speakers = {fold_name(str(n.fields.get("name", ""))) for n in nodes.values() if n.type == "character"}
-    for m in messages:
-        name = _clean_name(m.speaker)
-        if name and fold_name(name) not in speakers:
-            for cand in (entity_id(name), entity_id(name.split(" ")[0])):
-                if cand in nodes:
-                    seeds.append(cand)
+    seeds.extend(_unknown_speaker_entities(messages, speakers, nodes))
     if not seeds:
         return GraphView(nodes, {})
     if len(seeds) > _EDGE_READ_LIMIT:
@@ -923,12 +918,7 @@ def load_view_targeted(reader: Any, chat_id: str, messages: Sequence[ChatMessage
     seeds = [mid for mid in touched if mid in nodes]
     # As load_view: speakers known by any character node, candidates by any node of the id.
     speakers = {fold_name(str(n.fields.get("name", ""))) for n in owners if n.type == "character"}
-    for m in messages:
-        name = _clean_name(m.speaker)
-        if name and fold_name(name) not in speakers:
-            for cand in (entity_id(name), entity_id(name.split(" ")[0])):
-                if cand in nodes:
-                    seeds.append(cand)
+    seeds.extend(_unknown_speaker_entities(messages, speakers, nodes))
     seeds = list(dict.fromkeys(seeds))
     edges: dict[str, Edge] = {}
     ring: list[str] = []
@@ -1023,3 +1013,13 @@ def delete_message(store: Any, chat_id: str, floor: int, *, now_ms: int) -> Inge
     if store.get_node(chat_id, message_id(floor)) is None:
         raise NotFound("floor", f"chat {chat_id!r} has no message at floor {floor}")
     return _apply(store, chat_id, lambda view: plan_deletions([floor], view, now_ms), {"floors": [floor]})
+
+
+def _unknown_speaker_entities(messages: Sequence[Any], speakers: set[str], nodes: Any) -> list[str]:
+    """Entity ids (full name, then first name) present in ``nodes`` for speakers no character node names."""
+    found: list[str] = []
+    for m in messages:
+        name = _clean_name(m.speaker)
+        if name and fold_name(name) not in speakers:
+            found.extend(cand for cand in (entity_id(name), entity_id(name.split(" ")[0])) if cand in nodes)
+    return found

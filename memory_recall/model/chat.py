@@ -13,6 +13,21 @@ __all__ = ["MAX_MESSAGE_CHARS", "ChatMessage", "GenerationType"]
 MAX_MESSAGE_CHARS = 200_000
 
 
+
+def reject_nul(value: str) -> str:
+    """``value`` unchanged, or ``ValueError`` when it holds a NUL (the store cannot read one back)."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+def reject_nul_items(values: Any) -> Any:
+    """``values`` unchanged, or ``ValueError`` naming the first item that holds a NUL."""
+    for i, item in enumerate(values or ()):
+        if "\x00" in item:
+            raise ValueError(f"[{i}]: must not contain NUL characters")
+    return values
+
 class GenerationType(StrEnum):
     """Host generation types (reference §2.1)."""
 
@@ -50,14 +65,9 @@ class ChatMessage(BaseModel):
     @field_validator("text", "speaker", "date", "evidence_id")
     @classmethod
     def _no_nul(cls, value: str) -> str:
-        if "\x00" in value:
-            raise ValueError("must not contain NUL characters")
-        return value
+        return reject_nul(value)
 
     @field_validator("attachments")
     @classmethod
     def _no_nul_captions(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for i, caption in enumerate(value):
-            if "\x00" in caption:
-                raise ValueError(f"[{i}]: must not contain NUL characters")
-        return value
+        return reject_nul_items(value)
