@@ -93,7 +93,8 @@ def test_readers_only_ever_see_whole_batches(tmp_path: Path) -> None:
         assert len(store.get_nodes("side")) == 800
         assert store.chat_version("side") > 0
         for seen in observed:
-            # Every reader saw the store while it was being written, not just before and after.
-            assert len(seen) >= 8, seen
+            # Every reader saw the store while it was being written, not just before and after: at least one
+            # intermediate state besides the first and the last (how many depends on the machine's load).
+            assert len(seen) >= 3, seen
     finally:
         store.close()
