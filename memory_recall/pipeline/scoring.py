@@ -198,10 +198,14 @@ RRF_K = 60
 @dataclass(frozen=True)
 class _SnapshotArrays:
     ids: np.ndarray  # (n,) object: node ids
-    owner_name_lower: np.ndarray  # (n,) str: scope owner name (or id), lower-cased
-    region_primary_lower: np.ndarray  # (n,) str
-    token_flat_lower: np.ndarray  # (T,) str: every node's region tokens, concatenated
-    token_offsets: np.ndarray  # (n + 1,) int64 into token_flat_lower
+    # The strings the scope buckets compare, as integer codes of ``vocab`` (equal codes ⇔ equal strings), so a
+    # recall compares a few hundred integers instead of strings:
+    vocab: dict[str, int]
+    owner_key_code: np.ndarray  # (n,) int32: scope owner key ("" when objective)
+    owner_name_code: np.ndarray  # (n,) int32: scope owner name (or id), lower-cased
+    region_primary_code: np.ndarray  # (n,) int32: primary region, lower-cased
+    token_flat_code: np.ndarray  # (T,) int32: every node's region tokens, lower-cased, concatenated
+    token_offsets: np.ndarray  # (n + 1,) int64 into token_flat_code
     segment_order: dict[str, int]  # story segment id → order
     point_order: np.ndarray  # (n,) float: order of storyTime.segmentId, NaN when unknown
     span_start_order: np.ndarray
@@ -211,6 +215,11 @@ class _SnapshotArrays:
 def _lower_array(values: Sequence[str]) -> np.ndarray:
     arr = np.array(values, dtype=str) if len(values) else np.zeros(0, dtype=str)
     return np.char.lower(arr) if arr.size else arr
+
+
+def _encode(values: Sequence[str], vocab: dict[str, int]) -> np.ndarray:
+    """Integer code of each string, new strings added to ``vocab``."""
+    return np.fromiter((vocab.setdefault(v, len(vocab)) for v in values), dtype=np.int32, count=len(values))
 
 
 def _orders(order: dict[str, int], ids: Sequence[str]) -> np.ndarray:
@@ -226,11 +235,16 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
         order = {seg.id: int(seg.order) for seg in snapshot.timeline.segments}
         ids = np.empty(snapshot.n, dtype=object)
         ids[:] = snapshot.ids
+        # Lower-cased as numpy strings (``np.char.lower``), the form the comparisons were defined on.
+        vocab: dict[str, int] = {}
+        tokens = list(itertools.chain.from_iterable(snapshot.region_tokens))
         return _SnapshotArrays(
             ids=ids,
-            owner_name_lower=_lower_array(snapshot.scope_owner_name),
-            region_primary_lower=_lower_array(snapshot.region_primary),
-            token_flat_lower=_lower_array(list(itertools.chain.from_iterable(snapshot.region_tokens))),
+            vocab=vocab,
+            owner_key_code=_encode(list(snapshot.scope_owner_key), vocab),
+            owner_name_code=_encode(_lower_array(snapshot.scope_owner_name).tolist(), vocab),
+            region_primary_code=_encode(_lower_array(snapshot.region_primary).tolist(), vocab),
+            token_flat_code=_encode(_lower_array(tokens).tolist(), vocab),
             token_offsets=offsets,
             segment_order=order,
             point_order=_orders(order, snapshot.segment_id),
@@ -306,10 +320,10 @@ def _gather_tokens(arrays: _SnapshotArrays, idx: np.ndarray) -> tuple[np.ndarray
     lens = arrays.token_offsets[idx + 1] - starts
     total = int(lens.sum())
     if total == 0:
-        return np.zeros(0, dtype=str), np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
     row = np.repeat(np.arange(idx.size, dtype=np.int64), lens)
     pos = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens) + np.repeat(starts, lens)
-    return arrays.token_flat_lower[pos], row
+    return arrays.token_flat_code[pos], row
 
 
 def scope_buckets(
@@ -339,13 +353,19 @@ def scope_buckets(
     chars, users = _owner_names(context)
     pov = snapshot.is_pov[idx]
     otype = snapshot.owner_type_code[idx]
-    keys = snapshot.scope_owner_key[idx]
-    names = arrays.owner_name_lower[idx]
+    keys = arrays.owner_key_code[idx]
+    names = arrays.owner_name_code[idx]
+
+    def codes(values: Sequence[str]) -> list[int]:
+        # Codes of the strings numpy would compare (converted to a numpy string array); a string no node holds
+        # has no code and matches nothing.
+        vocab = arrays.vocab
+        return sorted(vocab[v] for v in set(np.asarray(values, dtype=str).tolist()) if v in vocab)
 
     def owned_by(code: int, kind: str, owners: list[str]) -> np.ndarray:
         if not owners:
             return np.zeros(m, dtype=bool)
-        hit = np.isin(keys, [f"{kind}:{o}" for o in owners]) | np.isin(names, owners)
+        hit = _equals_any(keys, codes([f"{kind}:{o}" for o in owners])) | _equals_any(names, codes(owners))
         return (otype == code) & hit
 
     char_pov = owned_by(1, "character", chars)
@@ -357,15 +377,14 @@ def scope_buckets(
     current = np.zeros(m, dtype=bool)
     near = np.zeros(m, dtype=bool)
     if region_on:
-        primary = arrays.region_primary_lower[idx]
-        current = primary == active
-        near = np.isin(primary, adjacent) if adjacent else np.zeros(m, dtype=bool)
+        primary = arrays.region_primary_code[idx]
+        active_codes = codes([active])
+        adjacent_codes = codes(adjacent) if adjacent else []
+        current = _equals_any(primary, active_codes)
+        near = _equals_any(primary, adjacent_codes)
         tokens, row = _gather_tokens(arrays, idx)
         if tokens.size:
-            hit = tokens == active
-            if adjacent:
-                hit |= np.isin(tokens, adjacent)
-            near[row[hit]] = True
+            near[row[_equals_any(tokens, active_codes + adjacent_codes)]] = True
 
     conditions = [
         pov & (not cfg.enable_pov_memory),
@@ -377,7 +396,12 @@ def scope_buckets(
         current,
         near,
     ]
-    choices = [
+    return _SCOPE_CHOICES[_first_match(conditions, m)]
+
+
+#: ``scope_buckets``' bucket per condition, then the default (index ``len(conditions)``).
+_SCOPE_CHOICES = np.array(
+    [
         "otherPov",
         "characterPov",
         "userPov",
@@ -386,8 +410,29 @@ def scope_buckets(
         "objectiveGlobal",
         "objectiveCurrentRegion",
         "objectiveAdjacentRegion",
-    ]
-    return np.select(conditions, np.array(choices, dtype=object), default="objectiveGlobal").astype(object)
+        "objectiveGlobal",
+    ],
+    dtype=object,
+)
+
+
+def _first_match(conditions: Sequence[np.ndarray], m: int) -> np.ndarray:
+    """Per element, the index of the first true condition (``len(conditions)`` when none is): ``np.select``'s
+    first-match rule as an integer code, so a caller picks its values from small tables (a few µs for a few
+    hundred nodes, where ``np.select`` over object arrays of names costs tens of µs per call)."""
+    stacked = np.empty((len(conditions) + 1, m), dtype=bool)
+    for row, cond in enumerate(conditions):
+        stacked[row] = cond
+    stacked[-1] = True
+    return stacked.argmax(axis=0)
+
+
+def _equals_any(values: np.ndarray, codes: Sequence[int]) -> np.ndarray:
+    """``np.isin(values, codes)`` for the handful of codes a scene names: one comparison per code."""
+    out = np.zeros(values.shape[0], dtype=bool)
+    for c in codes:
+        out |= values == c
+    return out
 
 
 def _lookup_names(names: np.ndarray, table: dict[str, float], default: float) -> np.ndarray:
@@ -486,13 +531,14 @@ def temporal_director(
         (past, "distantPast", 0.64, False, False, "distant-past"),
         (after, "future", 0.74 if future_cue else 0.22, not future_cue, False, "after-active-segment"),
     ]
-    conds = [r[0] for r in rules]
-    bucket = np.select(conds, np.array([r[1] for r in rules], dtype=object), default="undated").astype(object)
-    weight = np.select(conds, [r[2] for r in rules], default=0.9).astype(np.float64)
-    suppressed = np.select(conds, [r[3] for r in rules], default=False).astype(bool)
-    rescued = np.select(conds, [r[4] for r in rules], default=False).astype(bool)
-    reason = np.select(conds, np.array([r[5] for r in rules], dtype=object), default="unknown-segment")
-    return TemporalResult(bucket, weight, suppressed, rescued, reason.astype(object))
+    # One first-match code per node, then each output read from a table (last entry: no rule matched).
+    code = _first_match([r[0] for r in rules], m)
+    bucket = np.array([*(r[1] for r in rules), "undated"], dtype=object)[code]
+    weight = np.array([*(r[2] for r in rules), 0.9], dtype=np.float64)[code]
+    suppressed = np.array([*(r[3] for r in rules), False], dtype=bool)[code]
+    rescued = np.array([*(r[4] for r in rules), False], dtype=bool)[code]
+    reason = np.array([*(r[5] for r in rules), "unknown-segment"], dtype=object)[code]
+    return TemporalResult(bucket, weight, suppressed, rescued, reason)
 
 
 # --- knowledge gate (§1.5) ----------------------------------------------------------------------------------
@@ -1034,8 +1080,10 @@ class ScoringStage:
             visible_owners: dict[str, list[str]] = {}
             suppressed_owners: dict[str, list[str]] = {}
             if owner_keys:
+                # Columns as lists of Python bools once: indexing the (k × m) array per node costs more.
+                columns = gate.owner_visible.T.tolist()
                 for p in np.flatnonzero(gate.visible).tolist():
-                    col = gate.owner_visible[:, p]
+                    col = columns[p]
                     visible_owners[ids[p]] = [k for k, v in zip(owner_keys, col, strict=True) if v]
                     missing = [k for k, v in zip(owner_keys, col, strict=True) if not v]
                     if missing:

@@ -912,3 +912,21 @@ class TestScale:
         assert len(res.state.scored) > 0
         assert elapsed < 1.0, elapsed
         assert math.isfinite(float(res.state.scored.weighted_score.sum()))
+
+
+# --- first-match codes (the scope-bucket and story-time verdicts read their values from tables by them) -------
+
+
+@hyp_settings(max_examples=200, deadline=None)
+@given(
+    st.integers(min_value=0, max_value=6).flatmap(
+        lambda k: st.lists(st.lists(st.booleans(), min_size=5, max_size=5), min_size=k, max_size=k)
+    )
+)
+def test_first_match_codes_pick_what_np_select_picks(conditions: list[list[bool]]) -> None:
+    from memory_recall.pipeline.scoring import _first_match
+
+    conds = [np.array(c, dtype=bool) for c in conditions]
+    names = np.array([f"rule{j}" for j in range(len(conds))] + ["default"], dtype=object)
+    expected = np.select(conds, list(names[:-1]), default="default") if conds else np.full(5, "default")
+    assert names[_first_match(conds, 5)].tolist() == expected.tolist()
