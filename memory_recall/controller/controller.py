@@ -243,7 +243,7 @@ class RecallController:
         providers = Providers(
             embedder=self.embedder,
             llm=self.llm,
-            lexical_index=lambda terms, limit: self.store.bm25(chat, terms, limit),
+            lexical_index=lambda terms, limit, **kw: self.store.bm25(chat, terms, limit, **kw),
             strict=strict,
         )
         base = self._base(req, resolved)

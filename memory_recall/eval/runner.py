@@ -234,7 +234,7 @@ def _prepare_chat(store: Any, chat_id: str, embedder: Any, now_ms: int, unit_typ
         snapshot=snap,
         now_ms=now_ms,
         unit_of=unit_of,
-        search=lambda terms, limit: store.bm25(chat_id, terms, limit),
+        search=lambda terms, limit, **kw: store.bm25(chat_id, terms, limit, **kw),
         unit_ids=[snap.ids[i] for i in rows],
         unit_vectors=snap.embeddings[rows] if rows else np.zeros((0, max(snap.dim, 1)), np.float32),
         store=store,

@@ -4,7 +4,8 @@ Reads
     ``state.plan.lexical_sources`` (reference §3.6: the current message and its intent segments),
     ``state.active`` (falls back to non-archived nodes with a finite range when unset), ``snapshot.index`` /
     ``id_rank``, and ``providers.lexical_index(terms, limit) -> [(node_id, score)]`` (higher is better; the
-    store's :meth:`~memory_recall.store.sqlite.Store.bm25` bound to the chat).
+    store's :meth:`~memory_recall.store.sqlite.Store.bm25` bound to the chat); with ``LexicalSettings.stem``
+    other than ``"none"`` it is called as ``lexical_index(terms, limit, stem=method)``.
 Writes
     ``state.bm25_hits = (index, score)``: active nodes of this snapshot among the index's hits, score = BM25
     score / the best hit's score (so in (0, 1], the best hit 1), ordered by score desc then node-id byte
@@ -18,7 +19,8 @@ Not here
     The reference's field-match lexical score (§3.12 step 1) is computed by the scoring stage on the
     candidates.
 Settings
-    ``LexicalSettings``: ``enable_bm25``, ``bm25_top_k`` (hits asked from the index), ``bm25_max_terms``.
+    ``LexicalSettings``: ``enable_bm25``, ``bm25_top_k`` (hits asked from the index), ``bm25_max_terms``,
+    ``stem`` (stem method of index and query terms).
 Skip reasons
     ``bm25-disabled`` (settings; trace only), ``no-lexical-index`` (no provider), ``no-query-terms``.
 Notes
@@ -93,7 +95,12 @@ class LexicalStage(TimedStage):
         if not terms:
             return self._skip(state, "no-query-terms")
         snap = state.snapshot
-        raw_hits = list(index_fn(terms, self.settings.bm25_top_k))
+        # The stem method goes to the index only when set, so a provider without stemming keeps working.
+        stem = self.settings.stem
+        if stem == "none":
+            raw_hits = list(index_fn(terms, self.settings.bm25_top_k))
+        else:
+            raw_hits = list(index_fn(terms, self.settings.bm25_top_k, stem=stem))
         act = active_mask(state)
         pairs = [(snap.index.get(str(node_id), -1), float(score)) for node_id, score in raw_hits]
         pairs = [(i, s) for i, s in pairs if i >= 0 and s > 0 and np.isfinite(s) and act[i]]

@@ -28,13 +28,18 @@ Contract
   control and format characters) and lower-cased (its case folding). A term that splits into several tokens
   is searched as those tokens, each scored on its own (FTS5 would have searched the quoted phrase); the
   lexical stage's terms are single tokens. Unknown terms are dropped.
+* **Stemming** (optional, ``stem`` = ``"none"``/``"s"``/``"porter"``,
+  :func:`memory_recall.text.stem.stem_term`): every document token and every query token goes through the same
+  stemmer before the vocabulary lookup, so ``paints`` finds ``painting``. Statistics (``n_q``, ``tf``) are over
+  the stemmed terms; document lengths do not change. ``"none"`` is exactly the FTS5 formula above.
 * **Order.** Score descending, ties by node-id byte order; deterministic.
 * **Cost.** Build: one pass over the column strings, one dict lookup per token, one CSR matrix
   (terms × documents) of weighted frequencies. Query: O(total postings of the query terms), no loop over
   documents.
 
-:class:`Bm25Cache` holds the latest index per chat keyed by ``(chat_id, version)``; the store's version
-contract (a version is never reused, not even by a chat deleted and created again) makes that key safe.
+:class:`Bm25Cache` holds the latest index per chat keyed by ``(chat_id, version)`` and the stem
+method (an index stemmed one way never answers a query of another); the store's version contract (a version is
+never reused, not even by a chat deleted and created again) makes that key safe.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ from itertools import pairwise
 
 import numpy as np
 import scipy.sparse as sp
+
+from memory_recall.text.stem import STEM_METHODS, stem_term
 
 __all__ = ["BM25_B", "BM25_K1", "Bm25Cache", "Bm25Index", "cache_for", "split_query_term"]
 
@@ -112,7 +119,8 @@ class Bm25Index:
     """An immutable BM25 index over one chat's documents (see the module docstring).
 
     ``node_ids`` are in byte order (position = tie-break rank); ``tf`` is the (terms × documents) CSR matrix of
-    weighted term frequencies; ``norm[d] = k1 · (1 − b + b · D_d / avgdl)``; ``idf[t]`` per term.
+    weighted term frequencies; ``norm[d] = k1 · (1 − b + b · D_d / avgdl)``; ``idf[t]`` per term; ``stem`` the
+    stem method applied to the vocabulary and to query tokens.
     """
 
     node_ids: tuple[str, ...]
@@ -120,6 +128,7 @@ class Bm25Index:
     tf: sp.csr_matrix
     norm: np.ndarray
     idf: np.ndarray
+    stem: str = "none"
 
     @classmethod
     def build(
@@ -128,11 +137,15 @@ class Bm25Index:
         primary: Sequence[str],
         secondary: Sequence[str],
         body: Sequence[str],
+        stem: str = "none",
     ) -> Bm25Index:
         """Index documents given as their three space-joined term columns; ``node_ids`` unique.
 
-        The documents may come in any order: they are sorted by node-id byte order here.
+        The documents may come in any order: they are sorted by node-id byte order here. ``stem`` is a
+        :data:`~memory_recall.text.stem.STEM_METHODS` value (ValueError otherwise).
         """
+        if stem not in STEM_METHODS:
+            raise ValueError(f"stem must be one of {', '.join(STEM_METHODS)}, got {stem!r}")
         n = len(node_ids)
         if not len(primary) == len(secondary) == len(body) == n:
             raise ValueError("node_ids and the three term columns must have the same length")
@@ -147,7 +160,7 @@ class Bm25Index:
                 raise ValueError("node_ids must be unique")
         if n == 0:
             empty = sp.csr_matrix((0, 0), dtype=np.float64)
-            return cls(ids, {}, empty, np.zeros(0), np.zeros(0))
+            return cls(ids, {}, empty, np.zeros(0), np.zeros(0), stem)
         all_tokens: list[str] = []
         docs_parts, weight_parts = [], []
         length = np.zeros(n, dtype=np.int64)
@@ -163,6 +176,12 @@ class Bm25Index:
         # fixed-width copy sized by the longest term. Code numbering never reaches the output.
         vocab = {term: i for i, term in enumerate(dict.fromkeys(all_tokens))}
         codes = np.fromiter(map(vocab.__getitem__, all_tokens), dtype=np.int64, count=len(all_tokens))
+        if stem != "none":
+            # Stem each distinct term once, then renumber the token codes through the stemmed vocabulary.
+            stemmed = [stem_term(term, stem) for term in vocab]
+            vocab = {term: i for i, term in enumerate(dict.fromkeys(stemmed))}
+            remap = np.fromiter(map(vocab.__getitem__, stemmed), dtype=np.int64, count=len(stemmed))
+            codes = remap[codes]
         docs = np.concatenate(docs_parts)
         weights = np.concatenate(weight_parts)
         # COO → CSR sums duplicate (term, document) entries: f_q = Σ_c w_c · tf(q, c).
@@ -174,18 +193,19 @@ class Bm25Index:
         hits = np.diff(tf.indptr).astype(np.float64)
         idf = np.log((n - hits + 0.5) / (hits + 0.5))
         idf[idf <= 0] = _IDF_FLOOR
-        return cls(ids, vocab, tf, norm, idf)
+        return cls(ids, vocab, tf, norm, idf, stem)
 
     def __len__(self) -> int:
         return len(self.node_ids)
 
     def query(self, terms: Sequence[str], limit: int) -> list[tuple[str, float]]:
         """Documents containing any of ``terms``: ``(node_id, score)``, score desc then node id, at most ``limit``."""
+        stem = self.stem
         rows = [
             code
             for term in terms
             for token in split_query_term(term)
-            if (code := self.vocab.get(token)) is not None
+            if (code := self.vocab.get(token if stem == "none" else stem_term(token, stem))) is not None
         ]
         if not rows or limit < 1:
             return []
@@ -218,33 +238,37 @@ class Bm25Index:
 
 
 class Bm25Cache:
-    """The latest :class:`Bm25Index` of up to ``max_chats`` chats, keyed by ``(chat_id, version)``; thread-safe.
+    """The latest :class:`Bm25Index` of up to ``max_chats`` (chat, stem method) pairs, keyed by
+    ``(chat_id, stem, version)``; thread-safe.
 
-    ``get`` builds on a miss (a newer version replaces the chat's entry; least recently used chats are
+    ``get`` builds on a miss (a newer version replaces the pair's entry; least recently used pairs are
     evicted). Two threads missing at once may both build; either result is the same index.
     """
 
     def __init__(self, max_chats: int = 8) -> None:
         self.max_chats = max_chats
-        self._entries: OrderedDict[str, tuple[int, Bm25Index]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], tuple[int, Bm25Index]] = OrderedDict()
         self._lock = threading.Lock()
         self.builds = 0
 
-    def get(self, chat_id: str, version: int, build: Callable[[], Bm25Index]) -> Bm25Index:
-        """The chat's index at ``version``, built by ``build()`` unless cached."""
+    def get(self, chat_id: str, version: int, build: Callable[[], Bm25Index], stem: str = "none") -> Bm25Index:
+        """The chat's index at ``version`` stemmed by ``stem``, built by ``build()`` unless cached."""
+        key = (chat_id, stem)
         with self._lock:
-            entry = self._entries.get(chat_id)
+            entry = self._entries.get(key)
             if entry is not None and entry[0] == version:
-                self._entries.move_to_end(chat_id)
+                self._entries.move_to_end(key)
                 return entry[1]
         index = build()
+        if index.stem != stem:
+            raise ValueError(f"build() returned an index stemmed {index.stem!r}, expected {stem!r}")
         with self._lock:
             self.builds += 1
-            current = self._entries.get(chat_id)
+            current = self._entries.get(key)
             # A slower build of an older version never replaces a newer one.
             if current is None or current[0] <= version:
-                self._entries[chat_id] = (version, index)
-                self._entries.move_to_end(chat_id)
+                self._entries[key] = (version, index)
+                self._entries.move_to_end(key)
             while len(self._entries) > self.max_chats:
                 self._entries.popitem(last=False)
         return index

@@ -82,6 +82,7 @@ from memory_recall.model.state import (
 )
 from memory_recall.store.bm25_index import Bm25Index, cache_for
 from memory_recall.store.snapshot import EdgeColumns, NodeIndex, NodeIndexTable, SnapshotSource, node_index
+from memory_recall.text.stem import STEM_METHODS
 from memory_recall.text.tokenize import (
     FTS5_TOKENIZE_CLAUSE,
     TOKENIZER_VERSION,
@@ -924,19 +925,23 @@ class StoreReader:
 
     # -- lexical -------------------------------------------------------------------------------------------
 
-    def bm25(self, chat_id: str, terms: Sequence[str], limit: int = 50) -> list[tuple[str, float]]:
+    def bm25(
+        self, chat_id: str, terms: Sequence[str], limit: int = 50, *, stem: str = "none"
+    ) -> list[tuple[str, float]]:
         """Non-archived nodes matching any of ``terms``, best first: ``(node_id, score)``.
 
         The score is FTS5's ``-bm25(nodes_fts, 3.0, 2.0, 1.0)`` (primary, secondary, body column weights),
         higher is better, with IDF and average length computed over this chat's rows only; ties by node id.
         Terms are plain text, never FTS syntax (:mod:`memory_recall.store.bm25_index` states the formula and
         the term rules). This reader builds the chat's index for each call (it sees its own snapshot, a
-        writer its uncommitted rows); :meth:`Store.bm25` caches the index per chat version.
+        writer its uncommitted rows); :meth:`Store.bm25` caches the index per chat version. ``stem`` stems
+        index and query terms alike (``"none"``, ``"s"``, ``"porter"``; see the bm25_index module).
         """
         chat_id, term_list, limit = _bm25_args(chat_id, terms, limit)
+        stem = _bm25_stem(stem)
         if not term_list:
             return []
-        return _bm25_read_index(self._conn, chat_id).query(term_list, limit)
+        return _bm25_read_index(self._conn, chat_id, stem).query(term_list, limit)
 
 
 def _bm25_args(chat_id: str, terms: Sequence[str], limit: int) -> tuple[str, list[str], int]:
@@ -951,7 +956,14 @@ def _bm25_args(chat_id: str, terms: Sequence[str], limit: int) -> tuple[str, lis
     return chat_id, [t for t in term_list if t.strip()], limit
 
 
-def _bm25_read_index(conn: sqlite3.Connection, chat_id: str) -> Bm25Index:
+def _bm25_stem(stem: str) -> str:
+    """A validated ``bm25`` stem method (InputError naming ``stem`` otherwise)."""
+    if not isinstance(stem, str) or stem not in STEM_METHODS:
+        raise InputError("stem", f"must be one of {', '.join(STEM_METHODS)}, got {stem!r}")
+    return stem
+
+
+def _bm25_read_index(conn: sqlite3.Connection, chat_id: str, stem: str = "none") -> Bm25Index:
     """The BM25 index of the chat's FTS rows (its non-archived nodes), read on ``conn``."""
     # Through nodes (indexed by chat, in node-id order) to the FTS row by rowid: filtering nodes_fts on its
     # UNINDEXED chat_id column would scan every chat's rows. The rows are read from FTS5's content shadow
@@ -962,9 +974,9 @@ def _bm25_read_index(conn: sqlite3.Connection, chat_id: str) -> Bm25Index:
         (chat_id,),
     ).fetchall()
     if not rows:
-        return Bm25Index.build([], [], [], [])
+        return Bm25Index.build([], [], [], [], stem=stem)
     ids, primary, secondary, body = zip(*rows, strict=True)
-    return Bm25Index.build(ids, primary, secondary, body)
+    return Bm25Index.build(ids, primary, secondary, body, stem=stem)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -1825,15 +1837,19 @@ class Store:
         with self.read() as r:
             return r.list_records(chat_id)
 
-    def bm25(self, chat_id: str, terms: Sequence[str], limit: int = 50) -> list[tuple[str, float]]:
-        """See :meth:`StoreReader.bm25`; the chat's index is built once per chat version and cached."""
+    def bm25(
+        self, chat_id: str, terms: Sequence[str], limit: int = 50, *, stem: str = "none"
+    ) -> list[tuple[str, float]]:
+        """See :meth:`StoreReader.bm25`; the chat's index is built once per chat version (and stem method) and
+        cached."""
         chat_id, term_list, limit = _bm25_args(chat_id, terms, limit)
+        stem = _bm25_stem(stem)
         if not term_list:
             return []
         with self.read() as r:
             # Version and rows come from one snapshot, so the cached index is exactly that version's.
             version = r.chat_version(chat_id)
-            index = cache_for(self).get(chat_id, version, lambda: _bm25_read_index(r._conn, chat_id))
+            index = cache_for(self).get(chat_id, version, lambda: _bm25_read_index(r._conn, chat_id, stem), stem)
         return index.query(term_list, limit)
 
     # -- one-shot writes (each its own transaction and version bump) ---------------------------------------
