@@ -378,16 +378,22 @@ def write_graph(n: int, path: Path, *, chunk: int = 5000) -> dict[str, Any]:
     return {"edges": int(plan.edge_src.size), "ingest_nodes_per_s": round(n / ingest_s, 1)}
 
 
-def bench_size(n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "") -> dict[str, Any]:
+def bench_size(
+    n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "", store_dir: str = ""
+) -> dict[str, Any]:
     """Benchmark one graph size in this process; returns its JSON object.
 
     The graph is generated and written by a child process (:func:`write_graph`); this process only opens the
-    store, builds the snapshot and recalls, so ``peak_rss_mb`` is what a user's process holds.
+    store, builds the snapshot and recalls, so ``peak_rss_mb`` is what a user's process holds. With
+    ``store_dir`` the store is kept there as ``bench-<n>.sqlite3`` and reused by later runs (the graph is seeded,
+    so it is the same graph; a store of an older schema is migrated when opened); a reused store has no ingest
+    figure (``ingest_nodes_per_s`` is the one recorded when it was written).
 
     Keys: ``nodes``, ``edges``, ``total_ms`` / ``total_ms_with_embedding`` / ``pipeline_ms`` / ``total_cpu_ms``
     (process CPU time of one recall: less sensitive to other load on shared cores) (p50, p95),
     ``stages`` (name → p50, p95 of the stage traces; ``result`` is the result builder), ``snapshot_build_ms``,
-    ``snapshot_read_ms`` (the store read part), ``ingest_nodes_per_s``, ``peak_rss_mb``,
+    ``snapshot_read_ms`` (the store read part), ``snapshot_build_cpu_ms`` (process CPU time of the build),
+    ``ingest_nodes_per_s``, ``peak_rss_mb``,
     ``embedding_matrix_mb``, ``rss_target_mb`` and ``query_embedding`` (``local`` or ``random``).
     """
     from memory_recall.settings import RecallSettings
@@ -397,13 +403,22 @@ def bench_size(n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "")
     settings = RecallSettings(profile="app")
     out: dict[str, Any] = {"nodes": n}
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "bench.sqlite3"
-        cmd = [sys.executable, "-m", "memory_recall.bench", "--write", str(n), "--db", str(path),
-               "--chunk", str(chunk)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"writing the {n}-node graph failed:\n{proc.stderr}")
-        written = json.loads(proc.stdout)
+        path = Path(store_dir or tmp) / (f"bench-{n}.sqlite3" if store_dir else "bench.sqlite3")
+        record = path.with_suffix(".json")
+        if store_dir and path.exists() and record.exists():
+            written = json.loads(record.read_text(encoding="utf-8"))
+            out["store_reused"] = True
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+            cmd = [sys.executable, "-m", "memory_recall.bench", "--write", str(n), "--db", str(path),
+                   "--chunk", str(chunk)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), check=False)
+            if proc.returncode != 0:
+                raise RuntimeError(f"writing the {n}-node graph failed:\n{proc.stderr}")
+            written = json.loads(proc.stdout)
+            if store_dir:
+                record.write_text(json.dumps(written), encoding="utf-8")
         out["edges"] = written["edges"]
         out["ingest_nodes_per_s"] = written["ingest_nodes_per_s"]
         with Store(path) as store, _blas_one_thread():
@@ -418,24 +433,28 @@ def _bench_store(store: Any, out: dict[str, Any], plan: _Scene, settings: Any, *
     from memory_recall.pipeline.retrieve import run_pipeline
     from memory_recall.pipeline.state import Providers
     from memory_recall.providers.embedding import LOCAL_MODEL_ID, LocalEmbedder, local_engine_available
-    from memory_recall.store.snapshot import build_snapshot
+    from memory_recall.store.snapshot import build_snapshot, release_freed_heap
 
     n = plan.n
-    builds, reads = [], []
+    builds, reads, build_cpu = [], [], []
     snap = None
     for _ in range(3):
         snap = None
+        cpu0 = time.process_time()
         start = time.perf_counter()
         source = store.snapshot_source(CHAT, LOCAL_MODEL_ID)
         mid = time.perf_counter()
         snap = build_snapshot(source, now_ms=NOW_MS)
-        end = time.perf_counter()
         del source
+        release_freed_heap()  # as SnapshotCache does after a large build (load_snapshot)
+        end = time.perf_counter()
+        build_cpu.append((time.process_time() - cpu0) * 1000)
         builds.append((end - start) * 1000)
         reads.append((mid - start) * 1000)
     assert snap is not None
     out["snapshot_build_ms"] = round(float(np.median(builds)), 1)
     out["snapshot_read_ms"] = round(float(np.median(reads)), 1)
+    out["snapshot_build_cpu_ms"] = round(float(np.median(build_cpu)), 1)  # less sensitive to other load
     lexical = partial(store.bm25, CHAT)
 
     def once(k: int, text: str, embedder: Any) -> tuple[float, dict[str, float]]:
@@ -532,6 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="passes over the 20 queries per size")
     parser.add_argument("--out", default="bench.json", help="JSON output path")
     parser.add_argument("--profile", default="", help="write a pyinstrument text profile of the timed recalls")
+    parser.add_argument("--store-dir", default="", help="keep the generated stores here and reuse them next time")
     parser.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)  # worker mode: one size
     parser.add_argument("--write", type=int, default=0, help=argparse.SUPPRESS)  # writer mode: one graph
     parser.add_argument("--db", default="", help=argparse.SUPPRESS)
@@ -541,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dump(write_graph(args.write, Path(args.db), chunk=args.chunk), sys.stdout)
         return 0
     if args.one:
-        json.dump(bench_size(args.one, repeat=args.repeat, profile=args.profile), sys.stdout)
+        json.dump(bench_size(args.one, repeat=args.repeat, profile=args.profile, store_dir=args.store_dir), sys.stdout)
         return 0
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     results = []
@@ -549,6 +569,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "memory_recall.bench", "--one", str(n), "--repeat", str(args.repeat)]
         if args.profile:
             cmd += ["--profile", f"{args.profile}.{n}.txt"]
+        if args.store_dir:
+            cmd += ["--store-dir", str(Path(args.store_dir).resolve())]
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), check=False)
         if proc.returncode != 0:

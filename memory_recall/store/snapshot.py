@@ -21,9 +21,11 @@ import itertools
 import json
 import math
 import operator
+import struct
 import sys
 import threading
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,14 +52,23 @@ from memory_recall.model.state import (
 )
 
 __all__ = [
+    "PACKED_EDGE",
+    "PACKED_EDGE_DTYPE",
     "EdgeColumns",
     "EdgeRow",
     "GraphSnapshot",
+    "JoinedStrings",
     "KnowledgeArrays",
     "NodeIndex",
+    "NodeIndexTable",
+    "PackedTexts",
     "SnapshotCache",
     "SnapshotSource",
     "build_snapshot",
+    "compress_text",
+    "decompress_text",
+    "load_snapshot",
+    "release_freed_heap",
     "node_index",
     "snapshot_from_graph",
 ]
@@ -71,6 +82,20 @@ _EDGE_ROW_FIELDS = operator.attrgetter(
 )
 _SEP = "\x1f"
 _NORM_BLOCK = 8192
+#: Packed numeric index values of one node (``nodes.ixb``): seq, seq_start, seq_end, importance, created_time,
+#: flags (bit 0 archived, 1 has_story_label, 2 has_span_label, 3 seq_start set, 4 seq_end set); little endian.
+_PACKED_INDEX = struct.Struct("<qqqdqB")
+_PACKED_INDEX_DTYPE = np.dtype([
+    ("seq", "<i8"), ("seq_start", "<i8"), ("seq_end", "<i8"), ("importance", "<f8"), ("created_time", "<i8"),
+    ("flags", "u1"),
+])
+#: Packed numeric columns of one edge (``edges.eb``): endpoint node rowids, strength, edge_type, invalid_at,
+#: expired_at (ms; NaN when none); little endian.
+PACKED_EDGE = struct.Struct("<qqdqdd")
+PACKED_EDGE_DTYPE = np.dtype([
+    ("src", "<i8"), ("dst", "<i8"), ("strength", "<f8"), ("edge_type", "<i8"), ("invalid_at", "<f8"),
+    ("expired_at", "<f8"),
+])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -125,6 +150,29 @@ class NodeIndex:
     def from_json(cls, text: str) -> NodeIndex:
         return cls._from_values(json.loads(text))
 
+    def to_packed(self) -> bytes:
+        """The numeric values as one ``nodes.ixb`` blob (see :meth:`NodeIndexTable.from_packed`)."""
+        flags = (
+            int(self.archived) | int(self.has_story_label) << 1 | int(self.has_span_label) << 2
+            | int(self.seq_start is not None) << 3 | int(self.seq_end is not None) << 4
+        )
+        return _PACKED_INDEX.pack(
+            self.seq, self.seq_start or 0, self.seq_end or 0, self.importance, self.created_time, flags
+        )
+
+    def strings_json(self) -> str:
+        """The string values as one ``nodes.ixs`` JSON array (see :meth:`NodeIndexTable.from_packed`)."""
+        return json.dumps(
+            [
+                self.type, self.layer, self.owner_type, self.owner_key, self.owner_name, self.region_primary,
+                _SEP.join(self.region_tokens), _SEP.join(self.anchor_terms), self.prev_id, self.next_id,
+                None if self.visibility is None else _SEP.join(self.visibility), self.segment_id, self.tense,
+                self.span_start_segment, self.span_end_segment,
+            ],
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+
     @classmethod
     def many_from_json(cls, texts: Sequence[str]) -> NodeIndexTable:
         """:meth:`from_json` of many rows with one JSON parse (the snapshot read of a large chat); the rows are
@@ -150,6 +198,11 @@ def _split(text: str) -> tuple[str, ...]:
 
 #: Field order of :meth:`NodeIndex.to_json` (and of the dataclass).
 _INDEX_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(NodeIndex))
+#: Field order of :meth:`NodeIndex.strings_json`.
+_STRING_FIELDS: tuple[str, ...] = (
+    "type", "layer", "owner_type", "owner_key", "owner_name", "region_primary", "region_tokens", "anchor_terms",
+    "prev_id", "next_id", "visibility", "segment_id", "tense", "span_start_segment", "span_end_segment",
+)
 #: String fields with few distinct values over a chat (interned when decoded in bulk).
 _INTERNED_FIELDS: tuple[str, ...] = (
     "type", "layer", "owner_type", "owner_key", "owner_name", "region_primary", "segment_id", "tense",
@@ -159,23 +212,22 @@ _INTERNED_FIELDS: tuple[str, ...] = (
 
 def _split_interned(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
     """:func:`_split` of each text, equal texts sharing one tuple of interned terms."""
-    memo: dict[str, tuple[str, ...]] = {}
-    out = []
-    for text in texts:
-        terms = memo.get(text)
-        if terms is None:
-            terms = memo[text] = tuple(map(sys.intern, _split(text)))
-        out.append(terms)
-    return tuple(out)
+    memo = {text: tuple(map(sys.intern, _split(text))) for text in set(texts)}
+    return tuple(map(memo.__getitem__, texts))
 
 
 class NodeIndexTable(Sequence[NodeIndex]):
-    """Decoded index rows of many nodes, held as columns (one tuple per :class:`NodeIndex` field, repeated strings
-    interned): a sequence of :class:`NodeIndex` built on access, plus :meth:`columns` for :func:`build_snapshot`.
+    """Decoded index rows of many nodes, held as columns (one tuple or numpy array per :class:`NodeIndex` field,
+    repeated strings interned): a sequence of :class:`NodeIndex` built on access, plus :meth:`columns` for
+    :func:`build_snapshot`.
+
+    Tables decoded from packed rows (:meth:`from_packed`) hold the numeric and flag fields as numpy arrays
+    (``seq_start``/``seq_end`` as float64 with NaN for none, the exact integers kept beside them).
     """
 
-    def __init__(self, columns: dict[str, tuple[Any, ...]]) -> None:
+    def __init__(self, columns: dict[str, Any], exact: dict[str, np.ndarray] | None = None) -> None:
         self._cols = columns
+        self._exact = exact or {}
 
     @classmethod
     def from_rows(cls, values: list[list[Any]]) -> NodeIndexTable:
@@ -183,39 +235,224 @@ class NodeIndexTable(Sequence[NodeIndex]):
         if not values:
             return cls({name: () for name in _INDEX_FIELDS})
         cols = dict(zip(_INDEX_FIELDS, zip(*values, strict=True), strict=True))
-        # json.loads makes a new string object per value: interning the few distinct values of these columns
-        # keeps one copy each in the snapshot (a large chat repeats them on every node).
-        for name in _INTERNED_FIELDS:
-            cols[name] = tuple(map(sys.intern, cols[name]))
-        cols["region_tokens"] = _split_interned(cols["region_tokens"])
-        cols["anchor_terms"] = _split_interned(cols["anchor_terms"])
-        cols["visibility"] = tuple(None if v is None else tuple(v.split(_SEP)) for v in cols["visibility"])
+        _decode_strings(cols)
         for name in ("archived", "has_story_label", "has_span_label"):
             cols[name] = tuple(map(bool, cols[name]))
         return cls(cols)
+
+    @classmethod
+    def from_packed(cls, blobs: Sequence[bytes], strings: Sequence[str]) -> NodeIndexTable:
+        """Columns of rows stored as :meth:`NodeIndex.to_packed` blobs and :meth:`NodeIndex.strings_json` texts
+        (one ``frombuffer`` for the numbers, one JSON parse for the strings). Wrong blob sizes → ``ValueError``."""
+        n = len(blobs)
+        if n != len(strings):
+            raise ValueError(f"{n} packed index rows but {len(strings)} string rows")
+        if not n:
+            return cls({name: () for name in _INDEX_FIELDS})
+        if set(map(len, blobs)) != {_PACKED_INDEX.size}:
+            raise ValueError("packed index rows of the wrong size")
+        rec = np.frombuffer(b"".join(blobs), _PACKED_INDEX_DTYPE)
+        cols: dict[str, Any] = dict(
+            zip(_STRING_FIELDS, zip(*json.loads("[" + ",".join(strings) + "]"), strict=True), strict=True)
+        )
+        _decode_strings(cols)
+        flags = rec["flags"]
+        cols["archived"] = (flags & 1) != 0
+        cols["has_story_label"] = (flags & 2) != 0
+        cols["has_span_label"] = (flags & 4) != 0
+        exact = {}
+        for name, bit in (("seq_start", 8), ("seq_end", 16)):
+            ints = rec[name].copy()
+            cols[name] = np.where((flags & bit) != 0, ints.astype(np.float64), np.nan)
+            exact[name] = ints
+        cols["seq"] = rec["seq"].copy()
+        cols["importance"] = rec["importance"].copy()
+        cols["created_time"] = rec["created_time"].copy()
+        return cls({name: cols[name] for name in _INDEX_FIELDS}, exact)
 
     @classmethod
     def concat(cls, tables: Sequence[NodeIndexTable]) -> NodeIndexTable:
         """The rows of ``tables`` one after another (the store decodes a large chat chunk by chunk)."""
         if len(tables) == 1:
             return tables[0]
-        return cls({
-            name: tuple(itertools.chain.from_iterable(t._cols[name] for t in tables)) for name in _INDEX_FIELDS
-        })
+        cols: dict[str, Any] = {}
+        for name in _INDEX_FIELDS:
+            parts = [t._cols[name] for t in tables]
+            if all(isinstance(p, np.ndarray) for p in parts):
+                cols[name] = np.concatenate(parts)
+            else:
+                cols[name] = tuple(itertools.chain.from_iterable(parts))
+        exact = {}
+        if all(t._exact for t in tables):
+            exact = {name: np.concatenate([t._exact[name] for t in tables]) for name in tables[0]._exact}
+        return cls(cols, exact)
 
     def __len__(self) -> int:
         return len(self._cols["type"])
 
+    def _value(self, name: str, i: int) -> Any:
+        col = self._cols[name]
+        if not isinstance(col, np.ndarray):
+            return col[i]
+        if name in self._exact:
+            return None if math.isnan(col[i]) else int(self._exact[name][i])
+        return col[i].item()
+
     def _row(self, i: int) -> NodeIndex:
-        return NodeIndex(*(self._cols[name][i] for name in _INDEX_FIELDS))
+        return NodeIndex(*(self._value(name, i) for name in _INDEX_FIELDS))
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self._row(k) for k in range(len(self))[i]]
         return self._row(range(len(self))[i])  # negative indices and IndexError as for a tuple
 
-    def columns(self) -> dict[str, tuple[Any, ...]]:
+    def columns(self) -> dict[str, Any]:
         return dict(self._cols)
+
+
+def _decode_strings(cols: dict[str, Any]) -> None:
+    """Intern the few distinct values of the string columns and split the joined term lists, in place."""
+    # json.loads makes a new string object per value: interning the few distinct values of these columns
+    # keeps one copy each in the snapshot (a large chat repeats them on every node).
+    for name in _INTERNED_FIELDS:
+        cols[name] = tuple(map(sys.intern, cols[name]))
+    cols["region_tokens"] = _split_interned(cols["region_tokens"])
+    cols["anchor_terms"] = _split_interned(cols["anchor_terms"])
+    memo = {v: None if v is None else tuple(v.split(_SEP)) for v in set(cols["visibility"])}
+    cols["visibility"] = tuple(map(memo.__getitem__, cols["visibility"]))
+
+
+#: Preset dictionary of :func:`compress_text` format 1 (the JSON of a default node: the keys and default values
+#: every node repeats). Frozen: stored blobs depend on it; a new dictionary needs a new format byte.
+_TEXT_DICT_1 = (
+    b'{"id":"x","type":"event","fields":{"title":"","summary":"","name":"","participants":[]},"seq":0,'
+    b'"seq_range":[0,0],"archived":false,"importance":5.0,"access_count":0,"last_access_time":0,"created_time":0,'
+    b'"updated_at":0,"level":0,"parent_id":null,"child_ids":[],"prev_id":null,"next_id":null,"scope":{"layer":'
+    b'"objective","owner_type":"","owner_id":"","owner_name":"","region_primary":"","region_path":[],'
+    b'"region_secondary":[]},"story_time":{"segment_id":"","label":"","tense":"unknown","relation":"unknown",'
+    b'"anchor_label":"","confidence":"medium","source":"derived"},"story_time_span":{"start_segment_id":"",'
+    b'"end_segment_id":"","start_label":"","end_label":"","mixed":false,"source":"derived"},"evidence":[],'
+    b'"extra":{}}'
+)
+
+
+def compress_text(text: str) -> bytes:
+    """``text`` as a compressed blob: format byte 1, then raw deflate with :data:`_TEXT_DICT_1` as preset
+    dictionary (a node's JSON shrinks about 4×; ~30 µs)."""
+    # A 4 KiB window and small state: node JSON is short, and setting up the full 256 KiB state dominated.
+    c = zlib.compressobj(6, zlib.DEFLATED, -12, 4, zdict=_TEXT_DICT_1)
+    return b"\x01" + c.compress(text.encode("utf-8")) + c.flush()
+
+
+def decompress_text(blob: bytes) -> str:
+    """The text of a :func:`compress_text` blob (~10 µs). Unknown format or corrupt data → ``ValueError``."""
+    if blob[:1] != b"\x01":
+        raise ValueError(f"unknown compressed text format {blob[:1]!r}")
+    d = zlib.decompressobj(-15, zdict=_TEXT_DICT_1)  # any window up to 32 KiB
+    try:
+        data = d.decompress(memoryview(blob)[1:]) + d.flush()
+    except zlib.error as exc:
+        raise ValueError(f"corrupt compressed text: {exc}") from exc
+    if not d.eof:
+        raise ValueError("corrupt compressed text: truncated")
+    return data.decode("utf-8")
+
+
+class PackedTexts(Sequence[str]):
+    """Many texts (the node JSON of a snapshot) held as :func:`compress_text` blobs: a 100k-node chat's ~90 MB of
+    JSON in ~24 MB. Item access decompresses one text (~10 µs), which suits the snapshot: only candidates are ever
+    parsed, once each. Immutable; :meth:`replaced` returns a copy with some texts replaced (sharing the blobs).
+    Equal to any sequence of the same texts.
+    """
+
+    __slots__ = ("_blobs", "_overrides")
+
+    def __init__(self, blobs: Sequence[bytes], overrides: Mapping[int, str] | None = None) -> None:
+        self._blobs = blobs
+        self._overrides = dict(overrides or {})
+
+    @classmethod
+    def of(cls, texts: Sequence[str]) -> PackedTexts:
+        return cls(tuple(map(compress_text, texts)))
+
+    def __len__(self) -> int:
+        return len(self._blobs)
+
+    def _text(self, i: int) -> str:
+        override = self._overrides.get(i)
+        return override if override is not None else decompress_text(self._blobs[i])
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._text(k) for k in range(len(self._blobs))[i]]
+        return self._text(range(len(self._blobs))[i])  # negative indices and IndexError as for a tuple
+
+    def __iter__(self) -> Iterator[str]:
+        return map(self._text, range(len(self._blobs)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def replaced(self, updates: Mapping[int, str]) -> PackedTexts:
+        """A copy with the texts at the positions of ``updates`` replaced."""
+        return PackedTexts(self._blobs, {**self._overrides, **updates})
+
+
+class JoinedStrings(Sequence[str]):
+    """Many short strings (a snapshot's edge ids) held as one str and their end offsets: ~10 bytes each instead of
+    ~60 for separate str objects. Immutable; equal to any sequence of the same strings."""
+
+    __slots__ = ("_ends", "_text")
+
+    def __init__(self, text: str, ends: np.ndarray) -> None:
+        self._text = text
+        self._ends = ends  # (n,) int64: end offset of each string in ``text``
+
+    @classmethod
+    def of(cls, items: Sequence[str]) -> JoinedStrings:
+        ends = np.fromiter(itertools.accumulate(map(len, items)), np.int64, len(items))
+        return cls("".join(items), ends)
+
+    @classmethod
+    def concat(cls, parts: Sequence[JoinedStrings]) -> JoinedStrings:
+        if len(parts) == 1:
+            return parts[0]
+        offsets = np.cumsum([0] + [len(p._text) for p in parts[:-1]], dtype=np.int64)
+        ends = [p._ends + off for p, off in zip(parts, offsets.tolist(), strict=True)]
+        return cls("".join(p._text for p in parts), np.concatenate(ends) if ends else np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return int(self._ends.size)
+
+    def _item(self, i: int) -> str:
+        start = int(self._ends[i - 1]) if i else 0
+        return self._text[start : int(self._ends[i])]
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._item(k) for k in range(len(self))[i]]
+        return self._item(range(len(self))[i])  # negative indices and IndexError as for a tuple
+
+    def __iter__(self) -> Iterator[str]:
+        start = 0
+        for end in self._ends.tolist():
+            yield self._text[start:end]
+            start = end
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def take(self, positions: Sequence[int]) -> JoinedStrings:
+        """The strings at ``positions``, in that order."""
+        return JoinedStrings.of([self._item(i) for i in positions])
 
 
 def _index_columns(rows: Sequence[NodeIndex]) -> dict[str, tuple[Any, ...]]:
@@ -225,6 +462,13 @@ def _index_columns(rows: Sequence[NodeIndex]) -> dict[str, tuple[Any, ...]]:
     if not rows:
         return {name: () for name in _INDEX_FIELDS}
     return dict(zip(_INDEX_FIELDS, zip(*map(operator.attrgetter(*_INDEX_FIELDS), rows), strict=True), strict=True))
+
+
+def _column(values: Any, dtype: Any, n: int) -> np.ndarray:
+    """An index column as an (n,) array of ``dtype`` (packed tables already hold arrays)."""
+    if isinstance(values, np.ndarray):
+        return values.astype(dtype, copy=False).reshape(n)
+    return np.fromiter(values, dtype=dtype, count=n)
 
 
 def _visibility_names(value: Any) -> tuple[str, ...] | None:
@@ -345,7 +589,7 @@ class SnapshotSource:
     version: int
     node_ids: list[str]
     node_index: Sequence[NodeIndex]  # a list, or the store's lazily decoded NodeIndexTable
-    node_json: list[str]
+    node_json: Sequence[str]  # a list, or the store's compressed PackedTexts (kept as is by the snapshot)
     edges: list[EdgeRow]
     model_id: str
     embedding_ids: list[str]
@@ -500,7 +744,7 @@ class GraphSnapshot:
     edge_strength: np.ndarray
     edge_inhibit: np.ndarray
     edge_relation: tuple[str, ...]
-    edge_ids: tuple[str, ...]
+    edge_ids: Sequence[str]  # a tuple, or JoinedStrings (compact) from the store
     incident: sp.csr_matrix  # (n × e) node → incident active edges (values = edge position + 1)
     valid_until_ms: float  # earliest future invalid_at/expired_at; the snapshot is stale after it
     knowledge: KnowledgeArrays
@@ -511,7 +755,7 @@ class GraphSnapshot:
     history: HistoryState
     journal: tuple[JournalEntry, ...]
     built_at_ms: int
-    _node_json: tuple[str, ...] = field(repr=False)
+    _node_json: Sequence[str] = field(repr=False)  # a tuple, or PackedTexts (compressed) from the store
     _nodes: dict[int, Node] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -611,24 +855,25 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     n = len(ids)
     index = {nid: i for i, nid in enumerate(ids)}
     c = _index_columns(source.node_index)
-    order = sorted(range(n), key=lambda i: ids[i].encode("utf-8"))
+    # Code point order of str equals the byte order of its UTF-8 encoding (ids cannot hold lone surrogates).
+    order = sorted(range(n), key=ids.__getitem__)
     id_rank = np.empty(n, dtype=np.int64)
     id_rank[order] = np.arange(n, dtype=np.int64)
 
     type_code = np.fromiter(map(TYPE_CODE.get, c["type"], itertools.repeat(-1)), dtype=np.int16, count=n)
-    archived = np.fromiter(c["archived"], dtype=bool, count=n)
-    seq = np.fromiter(c["seq"], dtype=np.int64, count=n)
+    archived = _column(c["archived"], bool, n)
+    seq = _column(c["seq"], np.int64, n)
     seq_start = np.array(c["seq_start"], dtype=np.float64).reshape(n)  # None → NaN
     seq_end = np.array(c["seq_end"], dtype=np.float64).reshape(n)
-    importance = np.fromiter(c["importance"], dtype=np.float64, count=n)
-    created = np.fromiter(c["created_time"], dtype=np.float64, count=n)
+    importance = _column(c["importance"], np.float64, n)
+    created = _column(c["created_time"], np.float64, n)
     is_pov = np.array(c["layer"], dtype=object).reshape(n) == "pov"
     owner_type_code = np.fromiter(map(_OWNER_TYPE_CODE.get, c["owner_type"], itertools.repeat(0)), np.int8, n)
     scope_owner_key = np.array([_owner_base_key(k) if k else "" for k in c["owner_key"]], dtype=object).reshape(n)
     tense_code = np.fromiter(map(TENSE_CODE.get, c["tense"], itertools.repeat(0)), dtype=np.int8, count=n)
 
     anchor_index: dict[str, list[int]] = {}
-    for i, (terms, gone) in enumerate(zip(c["anchor_terms"], c["archived"], strict=True)):
+    for i, (terms, gone) in enumerate(zip(c["anchor_terms"], archived.tolist(), strict=True)):
         if gone or not terms:
             continue
         for term in terms:
@@ -654,12 +899,17 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     dst = b_all[keep]
     strength = cols.strength[keep]
     inhibit_mask = cols.edge_type[keep] == INHIBIT_EDGE_TYPE
+    joined = isinstance(cols.edge_ids, JoinedStrings)
+    edge_ids_t: Sequence[str]
     if keep.all():
-        relation_t, edge_ids_t = tuple(cols.relation), tuple(cols.edge_ids)
+        relation_t = tuple(cols.relation)
+        edge_ids_t = cols.edge_ids if joined else tuple(cols.edge_ids)
     else:
         kept = np.flatnonzero(keep).tolist()
         relation_t = tuple(map(cols.relation.__getitem__, kept))
-        edge_ids_t = tuple(map(cols.edge_ids.__getitem__, kept))
+        edge_ids_t = cols.edge_ids.take(kept) if isinstance(cols.edge_ids, JoinedStrings) else tuple(
+            map(cols.edge_ids.__getitem__, kept)
+        )
 
     def sym(mask: np.ndarray) -> sp.csr_matrix:
         r = np.concatenate([src[mask], dst[mask]])
@@ -687,7 +937,9 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
         right = neighbour[ok]
         ok2 = ~archived[right] & (left != right)
         pairs.append(np.stack([np.minimum(left[ok2], right[ok2]), np.maximum(left[ok2], right[ok2])], axis=1))
-    temporal_pairs = np.unique(np.concatenate(pairs), axis=0) if pairs else np.zeros((0, 2), dtype=np.int64)
+    # Unique rows in (low, high) order, via one int64 key per pair (a row-wise unique sorts void records: slow).
+    keys = np.unique(np.concatenate([p[:, 0] * max(n, 1) + p[:, 1] for p in pairs]))
+    temporal_pairs = np.stack([keys // max(n, 1), keys % max(n, 1)], axis=1)
 
     knowledge = _knowledge_arrays(source.knowledge, index, scope_owner_key, n)
     return GraphSnapshot(
@@ -715,11 +967,11 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
         anchor_lengths=anchor_lengths,
         visibility={i: v for i, v in enumerate(c["visibility"]) if v is not None},
         segment_id=tuple(c["segment_id"]),
-        has_story_label=np.fromiter(c["has_story_label"], dtype=bool, count=n),
+        has_story_label=_column(c["has_story_label"], bool, n),
         tense_code=tense_code,
         span_start_segment=tuple(c["span_start_segment"]),
         span_end_segment=tuple(c["span_end_segment"]),
-        has_span_label=np.fromiter(c["has_span_label"], dtype=bool, count=n),
+        has_span_label=_column(c["has_span_label"], bool, n),
         prev_index=prev_index,
         next_index=next_index,
         embeddings=emb,
@@ -743,8 +995,41 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
         history=source.history,
         journal=tuple(source.journal),
         built_at_ms=now_ms,
-        _node_json=tuple(source.node_json),
+        _node_json=source.node_json if isinstance(source.node_json, PackedTexts) else tuple(source.node_json),
     )
+
+
+#: Chats at least this large return the read's freed heap memory to the OS after a build (:func:`load_snapshot`).
+_TRIM_NODES = 10_000
+_malloc_trim: Any = None
+
+
+def release_freed_heap() -> None:
+    """Give the heap memory freed by a large snapshot read back to the OS (glibc ``malloc_trim``; a no-op
+    elsewhere). The read frees ~100 MB of row objects at 100k nodes that glibc would otherwise keep mapped, and
+    the process's peak would then stack the BM25 index and the recalls on top of it."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        _malloc_trim = False
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+                import ctypes.util
+
+                _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+            except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+                _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+def load_snapshot(store: Any, chat_id: str, model_id: str, *, now_ms: int) -> GraphSnapshot:
+    """``build_snapshot(store.snapshot_source(chat_id, model_id), now_ms=now_ms)``, then the read's freed memory
+    is returned to the OS (large chats). What :class:`SnapshotCache` does on a rebuild."""
+    snap = build_snapshot(store.snapshot_source(chat_id, model_id), now_ms=now_ms)
+    if snap.n >= _TRIM_NODES:
+        release_freed_heap()
+    return snap
 
 
 def snapshot_from_graph(
@@ -799,7 +1084,7 @@ class SnapshotCache:
             snap = self._items.get(key)
         if snap is not None and snap.version == version and now_ms < snap.valid_until_ms:
             return snap
-        snap = build_snapshot(store.snapshot_source(chat_id, model_id), now_ms=now_ms)
+        snap = load_snapshot(store, chat_id, model_id, now_ms=now_ms)
         with self._lock:
             self._items[key] = snap
         return snap
@@ -832,9 +1117,10 @@ class SnapshotCache:
                 return False
             idx = sorted({snap.index[i] for i in node_ids if i in snap.index})
             importance = snap.importance.copy()
-            node_json = list(snap._node_json)
+            texts = snap._node_json
+            updates: dict[int, str] = {}
             for i in idx:
-                node = Node.model_validate_json(node_json[i])
+                node = Node.model_validate_json(texts[i])
                 node = node.model_copy(
                     update={
                         "access_count": node.access_count + 1,
@@ -842,8 +1128,12 @@ class SnapshotCache:
                         "last_access_time": now_ms,
                     }
                 )
-                node_json[i] = node.model_dump_json()
+                updates[i] = node.model_dump_json()
                 importance[i] = float(node.importance)
+            if isinstance(texts, PackedTexts):
+                node_json: Sequence[str] = texts.replaced(updates)
+            else:
+                node_json = tuple(updates.get(i, t) for i, t in enumerate(texts))
             stale = set(idx)
             with snap._lock:
                 parsed = {i: n for i, n in snap._nodes.items() if i not in stale}
@@ -851,7 +1141,7 @@ class SnapshotCache:
                 snap,
                 version=new_version,
                 importance=importance,
-                _node_json=tuple(node_json),
+                _node_json=node_json,
                 _nodes=parsed,
                 _lock=threading.Lock(),
             )

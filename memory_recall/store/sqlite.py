@@ -40,7 +40,6 @@ ties in BM25 scores break by node id (byte order).
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -81,7 +80,18 @@ from memory_recall.model.state import (
     TimelineState,
 )
 from memory_recall.store.bm25_index import Bm25Index, cache_for
-from memory_recall.store.snapshot import EdgeColumns, NodeIndex, NodeIndexTable, SnapshotSource, node_index
+from memory_recall.store.snapshot import (
+    PACKED_EDGE,
+    PACKED_EDGE_DTYPE,
+    EdgeColumns,
+    JoinedStrings,
+    NodeIndex,
+    NodeIndexTable,
+    PackedTexts,
+    SnapshotSource,
+    compress_text,
+    node_index,
+)
 from memory_recall.text.stem import STEM_METHODS
 from memory_recall.text.tokenize import (
     FTS5_TOKENIZE_CLAUSE,
@@ -321,8 +331,52 @@ def _migrate_v3(conn: sqlite3.Connection) -> None:
     )
 
 
+def _pack_edge(src_rid: int, dst_rid: int, strength: float, edge_type: int, invalid_at: int | None,
+               expired_at: int | None) -> bytes:
+    """``edges.eb``: the edge's endpoint node rowids and numeric columns (``None`` times as NaN)."""
+    return PACKED_EDGE.pack(
+        src_rid, dst_rid, strength, edge_type,
+        math.nan if invalid_at is None else invalid_at, math.nan if expired_at is None else expired_at,
+    )
+
+
+def _migrate_v4(conn: sqlite3.Connection) -> None:
+    """Packed snapshot columns, so the snapshot read of a large chat decodes a few values per row instead of a
+    JSON array and two id lookups per edge, and holds the node JSON compressed: ``nodes.ixb`` (the numeric index
+    values, ``NodeIndex.to_packed``), ``nodes.ixs`` (the string ones, ``NodeIndex.strings_json``), ``nodes.jz``
+    (``compress_text`` of ``nodes.json``, which stays the source of truth) and ``edges.eb`` (endpoint node rowids
+    and numeric columns). Filled from the v3 columns (``nodes.idx``, the edge columns); nothing is removed."""
+    conn.execute("ALTER TABLE nodes ADD COLUMN ixb BLOB NOT NULL DEFAULT x''")
+    conn.execute("ALTER TABLE nodes ADD COLUMN ixs TEXT NOT NULL DEFAULT ''")
+    conn.execute("ALTER TABLE nodes ADD COLUMN jz BLOB NOT NULL DEFAULT x''")
+    conn.execute("ALTER TABLE edges ADD COLUMN eb BLOB NOT NULL DEFAULT x''")
+    last = -1
+    while rows := conn.execute(
+        "SELECT rid, idx, json FROM nodes WHERE rid > ? ORDER BY rid LIMIT ?", (last, _SNAPSHOT_CHUNK)
+    ).fetchall():
+        last = rows[-1][0]
+        updates = []
+        for rid, index_text, text in rows:
+            ix = NodeIndex.from_json(index_text)
+            updates.append((ix.to_packed(), ix.strings_json(), compress_text(text), rid))
+        conn.executemany("UPDATE nodes SET ixb = ?, ixs = ?, jz = ? WHERE rid = ?", updates)
+    last = -1
+    while rows := conn.execute(
+        "SELECT e.rowid, coalesce(a.rid, -1), coalesce(b.rid, -1), e.strength, e.edge_type, e.invalid_at, "
+        "e.expired_at FROM edges e "
+        "LEFT JOIN nodes a ON a.chat_id = e.chat_id AND a.node_id = e.from_id "
+        "LEFT JOIN nodes b ON b.chat_id = e.chat_id AND b.node_id = e.to_id "
+        "WHERE e.rowid > ? ORDER BY e.rowid LIMIT ?",
+        (last, _SNAPSHOT_CHUNK),
+    ).fetchall():
+        last = rows[-1][0]
+        conn.executemany(
+            "UPDATE edges SET eb = ? WHERE rowid = ?", [(_pack_edge(*r[1:]), r[0]) for r in rows]
+        )
+
+
 #: Ordered schema migrations: ``MIGRATIONS[i]`` upgrades ``user_version`` i to i + 1, inside one transaction.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_v1, _migrate_v2, _migrate_v3]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -774,16 +828,20 @@ class StoreReader:
     def snapshot_source(self, chat_id: str, model_id: str) -> SnapshotSource:
         """Everything :func:`~memory_recall.store.snapshot.build_snapshot` needs, read in this one transaction.
 
-        Nodes come with their denormalised index values (no full JSON parse) and their ``model_id`` vectors in
-        one ordered pass, straight into one (n × d) float32 matrix (``embeddings_aligned``: no joined copy);
-        edges come as :class:`~memory_recall.store.snapshot.EdgeColumns` (no per-edge objects). Both are read
-        in chunks. Vectors of different sizes → ``StoreError``.
+        Nodes come with their packed index values (``nodes.ixb`` numbers, ``nodes.ixs`` strings: no node JSON
+        parse), their compressed JSON (``nodes.jz``, kept compressed as
+        :class:`~memory_recall.store.snapshot.PackedTexts`) and their ``model_id`` vectors in one ordered pass,
+        straight into one (n × d) float32 matrix (``embeddings_aligned``: no joined copy); edges come as
+        :class:`~memory_recall.store.snapshot.EdgeColumns` from their packed columns (``edges.eb``, endpoints
+        as node rowids mapped to positions with numpy: no per-edge objects or id lookups). Both are read in
+        chunks. Vectors of different sizes or malformed packed columns → ``StoreError``.
         """
         chat_id = validate_chat_id(chat_id)
         model_id = _model_id(model_id) if model_id else ""
         version = self.chat_version(chat_id)
-        node_ids, index_rows, node_json, matrix = self._snapshot_nodes(chat_id, model_id)
-        edge_columns = self._snapshot_edges(chat_id, {nid: i for i, nid in enumerate(node_ids)})
+        node_ids, rids, index_rows, node_json, matrix = self._snapshot_nodes(chat_id, model_id)
+        edge_columns = self._snapshot_edges(chat_id, rids)
+        del rids
         return SnapshotSource(
             chat_id=chat_id,
             version=version,
@@ -806,9 +864,10 @@ class StoreReader:
 
     def _snapshot_nodes(
         self, chat_id: str, model_id: str
-    ) -> tuple[list[str], NodeIndexTable, list[str], np.ndarray]:
-        """Node ids, decoded index rows and node JSON in node order, and the (n × d) matrix of their
-        ``model_id`` vectors (zero rows where a node has none; ``zeros((0, 0))`` when no node has one)."""
+    ) -> tuple[list[str], np.ndarray, NodeIndexTable, PackedTexts, np.ndarray]:
+        """Node ids, node rowids, decoded index rows and node JSON (compressed) in node order, and the (n × d)
+        matrix of their ``model_id`` vectors (zero rows where a node has none; ``zeros((0, 0))`` when no node
+        has one)."""
         conn = self._conn
         n = conn.execute("SELECT count(*) FROM nodes WHERE chat_id = ?", (chat_id,)).fetchone()[0]
         first = conn.execute(
@@ -817,10 +876,11 @@ class StoreReader:
         d = int(first[0]) if first is not None else 0
         matrix = np.zeros((n, d) if d else (0, 0), dtype=np.float32)
         node_ids: list[str] = []
+        rids = np.zeros(n, dtype=np.int64)
         index_tables: list[NodeIndexTable] = []
-        node_json: list[str] = []
+        texts: list[bytes] = []
         cursor = conn.execute(
-            "SELECT n.node_id, n.idx, n.json, e.dim, e.vector FROM nodes n LEFT JOIN embeddings e "
+            "SELECT n.rid, n.node_id, n.ixb, n.ixs, n.jz, e.dim, e.vector FROM nodes n LEFT JOIN embeddings e "
             "ON e.chat_id = n.chat_id AND e.node_id = n.node_id AND e.model_id = ? "
             "WHERE n.chat_id = ? ORDER BY n.ord, n.rid",
             (model_id, chat_id),
@@ -828,13 +888,20 @@ class StoreReader:
         what = f"embeddings of {model_id!r}"
         while rows := cursor.fetchmany(_SNAPSHOT_CHUNK):
             start = len(node_ids)
-            ids, texts, jsons, dims, blobs = zip(*rows, strict=True)
-            node_ids.extend(ids)
-            # Decoded per chunk (one JSON parse each): the index texts of the whole chat never exist at once.
-            index_tables.append(NodeIndex.many_from_json(texts))
-            node_json.extend(jsons)
-            if len(node_ids) > n:
+            rid, ids, packed, strings, jsons, dims, blobs = zip(*rows, strict=True)
+            if start + len(ids) > n:
                 raise StoreError("corrupt nodes in the store: the node count changed during a read")
+            node_ids.extend(ids)
+            rids[start : start + len(ids)] = rid
+            # Decoded per chunk: the index values of the whole chat never exist at once as Python objects.
+            try:
+                index_tables.append(NodeIndexTable.from_packed(packed, strings))
+            except ValueError as exc:
+                raise StoreError(f"corrupt node index in the store: {exc}") from exc
+            if not all(blob[:1] == b"\x01" for blob in jsons):
+                raise StoreError("corrupt nodes in the store: a compressed node JSON has an unknown format")
+            texts.extend(jsons)
+            del rid, packed, strings, jsons
             if not d:
                 continue
             have = [k for k, blob in enumerate(blobs) if blob is not None]
@@ -847,36 +914,35 @@ class StoreReader:
             matrix[np.asarray(have, dtype=np.int64) + start] = np.frombuffer(b"".join(present), "<f4").reshape(-1, d)
         if len(node_ids) != n:
             raise StoreError("corrupt nodes in the store: the node count changed during a read")
-        return node_ids, NodeIndexTable.concat(index_tables) if index_tables else NodeIndex.many_from_json([]), \
-            node_json, matrix
+        table = NodeIndexTable.concat(index_tables) if index_tables else NodeIndexTable.from_packed([], [])
+        return node_ids, rids, table, PackedTexts(texts), matrix
 
-    def _snapshot_edges(self, chat_id: str, index: dict[str, int]) -> EdgeColumns:
-        """The chat's edges in edge-list order as columns, endpoints as positions in ``index`` (−1 if absent)."""
+    def _snapshot_edges(self, chat_id: str, rids: np.ndarray) -> EdgeColumns:
+        """The chat's edges in edge-list order as columns, endpoints as positions in node order (``rids`` holds
+        the node rowids in that order; −1 for an end that is not a node of the chat)."""
         cursor = self._conn.execute(
-            "SELECT edge_id, from_id, to_id, relation, strength, edge_type, invalid_at, expired_at "
-            "FROM edges WHERE chat_id = ? ORDER BY ord, rowid",
-            (chat_id,),
+            "SELECT edge_id, relation, eb FROM edges WHERE chat_id = ? ORDER BY ord, rowid", (chat_id,)
         )
-        edge_ids: list[str] = []
+        edge_ids: list[JoinedStrings] = []
         relation: list[str] = []
-        parts: list[tuple[np.ndarray, ...]] = []
+        parts: list[np.ndarray] = []
         while rows := cursor.fetchmany(_SNAPSHOT_CHUNK):
-            m = len(rows)
-            eid, a, b, rel, strength, edge_type, invalid_at, expired_at = zip(*rows, strict=True)
-            edge_ids.extend(eid)
+            eid, rel, packed = zip(*rows, strict=True)
+            edge_ids.append(JoinedStrings.of(eid))  # compact: ~10 bytes per id instead of a str object
             relation.extend(map(sys.intern, rel))  # a few distinct words: one string object each
-            parts.append((
-                np.fromiter(map(index.get, a, itertools.repeat(-1)), np.int64, m),
-                np.fromiter(map(index.get, b, itertools.repeat(-1)), np.int64, m),
-                np.array(strength, dtype=np.float64).reshape(m),
-                np.array(edge_type, dtype=np.int64).reshape(m),
-                np.array(invalid_at, dtype=np.float64).reshape(m),  # NULL → NaN
-                np.array(expired_at, dtype=np.float64).reshape(m),
-            ))
+            joined = b"".join(packed)
+            if set(map(len, packed)) != {PACKED_EDGE.size}:
+                raise StoreError("corrupt edges in the store: packed edge columns of the wrong size")
+            parts.append(np.frombuffer(joined, PACKED_EDGE_DTYPE))
         if not parts:
             return EdgeColumns.empty()
-        src, dst, strength_a, type_a, invalid_a, expired_a = (np.concatenate(col) for col in zip(*parts, strict=True))
-        return EdgeColumns(edge_ids, src, dst, relation, strength_a, type_a, invalid_a, expired_a)
+        rec = np.concatenate(parts)
+        del parts
+        position = _rid_positions(rids)
+        return EdgeColumns(
+            JoinedStrings.concat(edge_ids), position(rec["src"]), position(rec["dst"]), relation,
+            rec["strength"].copy(), rec["edge_type"].copy(), rec["invalid_at"].copy(), rec["expired_at"].copy(),
+        )
 
     def embedding_hashes(self, chat_id: str, model_id: str) -> dict[str, str]:
         """node id → text hash of its stored ``model_id`` vector (``""`` when stored without one)."""
@@ -944,6 +1010,34 @@ class StoreReader:
         return _bm25_read_index(self._conn, chat_id, stem).query(term_list, limit)
 
 
+def _rid_positions(rids: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """A vectorised map of node rowids to positions in ``rids`` (−1 for rowids not in it)."""
+    n = rids.size
+    if not n:
+        return lambda q: np.full(q.size, -1, dtype=np.int64)
+    lo, hi = int(rids.min()), int(rids.max())
+    if hi - lo < 4 * n + 1024:
+        # A chat's rowids are mostly dense: one lookup table of the span.
+        table = np.full(hi - lo + 1, -1, dtype=np.int64)
+        table[rids - lo] = np.arange(n, dtype=np.int64)
+
+        def dense(q: np.ndarray) -> np.ndarray:
+            inside = (q >= lo) & (q <= hi)
+            out = np.full(q.size, -1, dtype=np.int64)
+            out[inside] = table[q[inside] - lo]
+            return out
+
+        return dense
+    order = np.argsort(rids, kind="stable")
+    sorted_rids = rids[order]
+
+    def sparse(q: np.ndarray) -> np.ndarray:
+        at = np.minimum(np.searchsorted(sorted_rids, q), n - 1)
+        return np.where(sorted_rids[at] == q, order[at], -1).astype(np.int64)
+
+    return sparse
+
+
 def _bm25_args(chat_id: str, terms: Sequence[str], limit: int) -> tuple[str, list[str], int]:
     """Validated ``bm25`` arguments; the terms with NUL, lone surrogates and blank terms removed."""
     chat_id = validate_chat_id(chat_id)
@@ -984,11 +1078,11 @@ def _bm25_read_index(conn: sqlite3.Connection, chat_id: str, stem: str = "none")
 # ------------------------------------------------------------------------------------------------------------
 
 _UPSERT_NODE = (
-    "INSERT INTO nodes(chat_id, node_id, ord, type, archived, seq_end, json, idx) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+    "INSERT INTO nodes(chat_id, node_id, ord, type, archived, seq_end, json, idx, ixb, ixs, jz) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(chat_id, node_id) DO UPDATE SET "
     "type = excluded.type, archived = excluded.archived, seq_end = excluded.seq_end, json = excluded.json, "
-    "idx = excluded.idx"
+    "idx = excluded.idx, ixb = excluded.ixb, ixs = excluded.ixs, jz = excluded.jz"
 )
 _UPSERT_NODE_REORDER = _UPSERT_NODE + ", ord = excluded.ord"
 _DELETE_FTS = "DELETE FROM nodes_fts WHERE rowid = (SELECT rid FROM nodes WHERE chat_id = ? AND node_id = ?)"
@@ -998,11 +1092,11 @@ _INSERT_FTS = (
 )
 _UPSERT_EDGE = (
     "INSERT INTO edges(chat_id, edge_id, from_id, to_id, ord, json, relation, strength, edge_type, invalid_at, "
-    "expired_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "expired_at, eb) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(chat_id, edge_id) DO UPDATE SET "
     "from_id = excluded.from_id, to_id = excluded.to_id, json = excluded.json, relation = excluded.relation, "
     "strength = excluded.strength, edge_type = excluded.edge_type, invalid_at = excluded.invalid_at, "
-    "expired_at = excluded.expired_at"
+    "expired_at = excluded.expired_at, eb = excluded.eb"
 )
 
 
@@ -1045,13 +1139,13 @@ class StoreWriter(StoreReader):
         )
         _set_meta(conn, "version_clock", self._version)
 
-    def _existing_nodes(self, ids: Sequence[str]) -> set[str]:
-        found: set[str] = set()
+    def _existing_nodes(self, ids: Sequence[str]) -> dict[str, int]:
+        """node id → rowid of the ids that are nodes of the chat."""
+        found: dict[str, int] = {}
         for part in _chunks(ids):
             found.update(
-                r[0]
-                for r in self._conn.execute(
-                    f"SELECT node_id FROM nodes WHERE chat_id = ? AND node_id IN ({_marks(len(part))})",
+                self._conn.execute(
+                    f"SELECT node_id, rid FROM nodes WHERE chat_id = ? AND node_id IN ({_marks(len(part))})",
                     (self.chat_id, *part),
                 )
             )
@@ -1085,8 +1179,10 @@ class StoreWriter(StoreReader):
         for k, (i, node) in enumerate(batch.values()):
             text = _dumps(node, f"nodes[{i}]")
             seq_end = node.seq_range[1] if node.seq_range is not None else None
+            ix = node_index(node)
             rows.append(
-                (chat, node.id, base + k, node.type, int(node.archived), seq_end, text, node_index(node).to_json())
+                (chat, node.id, base + k, node.type, int(node.archived), seq_end, text, ix.to_json(),
+                 ix.to_packed(), ix.strings_json(), compress_text(text))
             )
             if not node.archived:
                 fts.append((chat, node.id, *fts_columns(node)))
@@ -1121,7 +1217,7 @@ class StoreWriter(StoreReader):
             raise InputError("importance_step", f"must be a number in [0, 10], got {importance_step!r}")
         step = float(importance_step)
         ids = _id_list(node_ids, "node_ids")
-        updates: list[tuple[str, str, str, str]] = []
+        updates: list[tuple[str, str, bytes, str, bytes, str, str]] = []
         for part in _chunks(ids):
             for node_id, text in conn.execute(
                 f"SELECT node_id, json FROM nodes WHERE chat_id = ? AND node_id IN ({_marks(len(part))})",
@@ -1135,10 +1231,15 @@ class StoreWriter(StoreReader):
                         "last_access_time": now,
                     }
                 )
+                ix = node_index(node)
+                text = _dumps(node, f"node {node_id!r}")
                 updates.append(
-                    (_dumps(node, f"node {node_id!r}"), node_index(node).to_json(), self.chat_id, node_id)
+                    (text, ix.to_json(), ix.to_packed(), ix.strings_json(), compress_text(text), self.chat_id,
+                     node_id)
                 )
-        conn.executemany("UPDATE nodes SET json = ?, idx = ? WHERE chat_id = ? AND node_id = ?", updates)
+        conn.executemany(
+            "UPDATE nodes SET json = ?, idx = ?, ixb = ?, ixs = ?, jz = ? WHERE chat_id = ? AND node_id = ?", updates
+        )
         return len(updates)
 
     # -- edges ---------------------------------------------------------------------------------------------
@@ -1167,9 +1268,11 @@ class StoreWriter(StoreReader):
         rows = []
         for k, (i, edge) in enumerate(batch.values()):
             text = _dumps(edge, f"edges[{i}]")
+            packed = _pack_edge(present[edge.from_id], present[edge.to_id], edge.strength, edge.edge_type,
+                                edge.invalid_at, edge.expired_at)
             rows.append(
                 (self.chat_id, edge.id, edge.from_id, edge.to_id, base + k, text, edge.relation, edge.strength,
-                 edge.edge_type, edge.invalid_at, edge.expired_at)
+                 edge.edge_type, edge.invalid_at, edge.expired_at, packed)
             )
         conn.executemany(_UPSERT_EDGE, rows)
         return len(rows)

@@ -20,9 +20,13 @@ from memory_recall.store.snapshot import (
     EdgeColumns,
     EdgeRow,
     GraphSnapshot,
+    JoinedStrings,
     NodeIndex,
     NodeIndexTable,
+    PackedTexts,
     build_snapshot,
+    compress_text,
+    decompress_text,
     node_index,
     snapshot_from_graph,
 )
@@ -36,6 +40,8 @@ def _differences(a: GraphSnapshot, b: GraphSnapshot) -> list[str]:
     """Names of the snapshot fields that are not exactly equal (arrays: dtype, shape and bytes)."""
 
     def same(x: Any, y: Any) -> bool:
+        if isinstance(x, PackedTexts | JoinedStrings) or isinstance(y, PackedTexts | JoinedStrings):  # compact forms
+            return list(x) == list(y) and all(type(t) is str for t in (*x, *y))
         if type(x) is not type(y):
             return False
         if isinstance(x, np.ndarray):
@@ -205,3 +211,68 @@ def test_index_table_rows_equal_the_node_index_of_each_node() -> None:
     assert any(r.visibility for r in rows) and any(r.archived for r in rows)
     with pytest.raises(IndexError):
         table[12]
+
+
+def test_packed_index_rows_equal_the_node_index_of_each_node() -> None:
+    """``nodes.ixb`` / ``nodes.ixs`` decode to the same rows as the JSON form, chunk by chunk or at once."""
+    graph, _ = _graph(12)
+    extra = Node(id="wide", type="event", seq=3, seq_range=(-1, 2**62), importance=0.125,
+                 created_time=253_402_300_799_999, fields={"title": "Ünïcode \u2028 title", "visibility": ["a", "b"]})
+    open_ended = Node(id="open", type="rule", seq=4, seq_range=None)
+    rows = [node_index(nd) for nd in (*graph.nodes, open_ended, extra)]
+    blobs, strings = [r.to_packed() for r in rows], [r.strings_json() for r in rows]
+    table = NodeIndexTable.from_packed(blobs, strings)
+    joined = NodeIndexTable.concat([NodeIndexTable.from_packed(blobs[:5], strings[:5]),
+                                    NodeIndexTable.from_packed(blobs[5:], strings[5:])])
+    assert list(table) == rows and list(joined) == rows
+    assert rows[-1].seq_end == 2**62 and table[-1].seq_end == 2**62 and table[-1].created_time == 253_402_300_799_999
+    assert any(r.seq_start is None for r in rows) and any(r.visibility for r in rows)
+    # The snapshot built from packed rows equals the one built from the rows themselves.
+    assert table.columns()["seq_end"].dtype == np.float64
+    with pytest.raises(ValueError, match="wrong size"):
+        NodeIndexTable.from_packed([blobs[0][:-1]], strings[:1])
+
+
+def test_packed_texts_round_trip_and_replace() -> None:
+    texts = ["{}", '{"a":"ü\\u2028😀"}', "x" * 5000, ""]
+    packed = PackedTexts.of(texts)
+    assert list(packed) == texts and packed == texts and texts == packed and len(packed) == 4
+    assert packed[-1] == "" and packed[1:3] == texts[1:3] and packed != texts[:3]
+    with pytest.raises(IndexError):
+        packed[4]
+    changed = packed.replaced({1: "new"})
+    assert list(changed) == ["{}", "new", "x" * 5000, ""] and list(packed) == texts
+    assert len(compress_text("x" * 5000)) < 100
+    with pytest.raises(ValueError, match="format"):
+        decompress_text(b"\x02abc")
+    with pytest.raises(ValueError, match="corrupt"):
+        decompress_text(compress_text('{"a": 1}')[:-2])
+
+
+def test_rid_positions_dense_and_sparse() -> None:
+    from memory_recall.store.sqlite import _rid_positions
+
+    for rids in ([5, 3, 9, 4], [10**12, 7, 3 * 10**9, 8]):
+        arr = np.array(rids, dtype=np.int64)
+        lookup = _rid_positions(arr)
+        query = np.array([*rids, 6, -1, 10**13], dtype=np.int64)
+        assert lookup(query).tolist() == [0, 1, 2, 3, -1, -1, -1]
+    assert _rid_positions(np.zeros(0, np.int64))(np.array([1], np.int64)).tolist() == [-1]
+
+
+@pytest.mark.parametrize("corruption", ["ixb", "ixs", "jz", "eb"])
+def test_corrupt_packed_columns_are_a_store_error(tmp_path: Path, corruption: str) -> None:
+    graph, vectors = _graph(10)
+    _store(tmp_path, graph, vectors).close()
+    conn = sqlite3.connect(tmp_path / "snap.sqlite3")
+    sql = {
+        "ixb": "UPDATE nodes SET ixb = x'00' WHERE rowid = (SELECT min(rowid) FROM nodes)",
+        "ixs": "UPDATE nodes SET ixs = '[1]' WHERE rowid = (SELECT min(rowid) FROM nodes)",
+        "jz": "UPDATE nodes SET jz = x'' WHERE rowid = (SELECT min(rowid) FROM nodes)",
+        "eb": "UPDATE edges SET eb = x'0102' WHERE rowid = (SELECT min(rowid) FROM edges)",
+    }[corruption]
+    assert conn.execute(sql).rowcount == 1
+    conn.commit()
+    conn.close()
+    with Store(tmp_path / "snap.sqlite3") as store, pytest.raises(StoreError, match="corrupt"):
+        store.snapshot_source(CHAT, MODEL)

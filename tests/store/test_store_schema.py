@@ -54,7 +54,7 @@ class TestMigration:
         path = tmp_path / "old.sqlite3"
         nodes, e = _make_v1(path)
         with Store(path) as store:
-            assert store.schema_version == SCHEMA_VERSION == 3
+            assert store.schema_version == SCHEMA_VERSION == 4
             assert store.chat_version("old") == 7
             assert store.get_nodes("old") == nodes
             assert store.get_edges("old") == [e]
@@ -86,6 +86,67 @@ class TestMigration:
             assert snap.anchor_index == {"Bell tower": (0,), "Market": (1,)}
             assert snap.adjacency[0, 1] == 0.25 and snap.adjacency[1, 0] == 0.25
             assert snap.has_vector.tolist() == [True, False]
+
+    def test_v3_store_upgrades_to_v4_with_the_same_snapshot(self, tmp_path: Path) -> None:
+        """A v3 store (rows as v3 wrote them: node JSON, index JSON, edge columns) upgrades to v4 (packed index,
+        compressed JSON, packed edges) and builds exactly the snapshot of the same graph written by v4 code and of
+        :func:`snapshot_from_graph`; later writes keep the packed columns in step."""
+        from test_snapshot_read import _differences, _graph
+
+        from memory_recall.store.snapshot import build_snapshot, node_index, snapshot_from_graph
+
+        graph, vectors = _graph()
+        path = tmp_path / "v3.sqlite3"
+        conn = sqlite3.connect(str(path), isolation_level=None)
+        conn.execute("BEGIN")
+        for migrate in MIGRATIONS[:3]:
+            migrate(conn)
+        conn.execute("PRAGMA user_version = 3")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("INSERT INTO chats VALUES ('c', 5, 1, 2)")
+        for i, n in enumerate(graph.nodes):
+            conn.execute(
+                "INSERT INTO nodes(chat_id, node_id, ord, type, archived, seq_end, json, idx) "
+                "VALUES ('c', ?, ?, ?, ?, ?, ?, ?)",
+                (n.id, i + 1, n.type, int(n.archived), n.seq_range[1] if n.seq_range else None,
+                 n.model_dump_json(), node_index(n).to_json()),
+            )
+        for i, e in enumerate(graph.edges):
+            conn.execute(
+                "INSERT INTO edges(chat_id, edge_id, from_id, to_id, ord, json, relation, strength, edge_type, "
+                "invalid_at, expired_at) VALUES ('c', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (e.id, e.from_id, e.to_id, i + 1, e.model_dump_json(), e.relation, e.strength, e.edge_type,
+                 e.invalid_at, e.expired_at),
+            )
+        for nid, vec in vectors.items():
+            conn.execute("INSERT INTO embeddings(chat_id, node_id, model_id, dim, vector) VALUES ('c', ?, 'm', ?, ?)",
+                         (nid, vec.size, vec.astype("<f4").tobytes()))
+        for i, owner in enumerate(graph.knowledge.owners.values()):
+            conn.execute("INSERT INTO knowledge_owners VALUES ('c', ?, ?, ?)",
+                         (owner.owner_key, i, owner.model_dump_json()))
+        conn.execute("COMMIT")
+        conn.close()
+        with Store(path) as old, Store(tmp_path / "v4.sqlite3") as new:
+            assert old.schema_version == 4
+            with new.write("c") as w:
+                w.replace_graph(graph)
+                w.put_embeddings("m", vectors)
+            migrated = build_snapshot(old.snapshot_source("c", "m"), now_ms=1_000)
+            written = build_snapshot(new.snapshot_source("c", "m"), now_ms=1_000)
+            reference = snapshot_from_graph(graph, now_ms=1_000, embeddings=vectors, model_id="m")
+            assert _differences(migrated, written) == [] and _differences(migrated, reference) == []
+            assert migrated.n == len(graph.nodes) and len(migrated.edge_ids) > 0
+            assert [migrated.node(i) for i in range(migrated.n)] == list(graph.nodes)
+            assert old.bm25("c", ["node", "Name"]) == new.bm25("c", ["node", "Name"])
+            # Writes after the upgrade keep the packed columns current.
+            for store in (old, new):
+                store.upsert_nodes("c", [node("late", title="Late arrival")])
+                store.upsert_edges("c", [Edge(id="e-late", from_id="late", to_id=graph.nodes[0].id, strength=0.5)])
+                store.reinforce("c", [graph.nodes[1].id], now_ms=5)
+            after = [build_snapshot(s.snapshot_source("c", "m"), now_ms=1_000) for s in (old, new)]
+            assert _differences(after[0], after[1]) == []
+            assert after[0].ids[-1] == "late" and after[0].adjacency[after[0].n - 1, 0] == 0.5
+            assert old.check_integrity() == []
 
     def test_each_migration_is_one_transaction(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         path = tmp_path / "half.sqlite3"
