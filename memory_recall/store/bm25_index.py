@@ -33,7 +33,8 @@ Contract
   stemmer before the vocabulary lookup, so ``paints`` finds ``painting``. Statistics (``n_q``, ``tf``) are over
   the stemmed terms; document lengths do not change. ``"none"`` is exactly the FTS5 formula above.
 * **Order.** Score descending, ties by node-id byte order; deterministic.
-* **Cost.** Build: one pass over the column strings, one dict lookup per token, one CSR matrix
+* **Cost.** Build: one pass over the column strings, :data:`BUILD_CHUNK` documents at a time (only one chunk's
+  token strings are alive; the rest are int32 codes), one dict lookup per token, one CSR matrix
   (terms × documents) of weighted frequencies. Query: O(total postings of the query terms), no loop over
   documents.
 
@@ -57,7 +58,7 @@ import scipy.sparse as sp
 
 from memory_recall.text.stem import STEM_METHODS, stem_term
 
-__all__ = ["BM25_B", "BM25_K1", "Bm25Cache", "Bm25Index", "cache_for", "split_query_term"]
+__all__ = ["BM25_B", "BM25_K1", "BUILD_CHUNK", "Bm25Cache", "Bm25Index", "cache_for", "split_query_term"]
 
 #: FTS5's constants (fts5_aux.c, fts5Bm25Function).
 BM25_K1 = 1.2
@@ -65,6 +66,8 @@ BM25_B = 0.75
 #: Column weights (primary, secondary, body): the store's ``BM25_WEIGHTS``.
 _WEIGHTS = (3.0, 2.0, 1.0)
 _IDF_FLOOR = 1e-6
+#: Documents tokenised at a time by :meth:`Bm25Index.build` (bounds the live token strings, see there).
+BUILD_CHUNK = 4096
 # Token characters of the store's unicode61 tokenizer: categories 'L* N* M* P* S* Co Cn'. Everything
 # else (Z*, Cc, Cf, Cs) separates tokens.
 _TOKEN_MAJOR = frozenset("LNMPS")
@@ -101,7 +104,7 @@ def split_query_term(term: str) -> list[str]:
 
 
 def _column_tokens(column: Sequence[str]) -> tuple[list[str], np.ndarray]:
-    """All tokens of one column in document order, and the token count of each document."""
+    """All tokens of some documents' column strings in document order, and the token count of each document."""
     tokens = " ".join(column).split()
     # Terms are joined by single spaces and hold no whitespace (fts_columns), so spaces + 1 counts them.
     counts = np.fromiter(map(str.count, column, [" "] * len(column)), dtype=np.int64, count=len(column))
@@ -112,6 +115,15 @@ def _column_tokens(column: Sequence[str]) -> tuple[list[str], np.ndarray]:
         tokens = [t for doc in per_doc for t in doc]
         counts = np.fromiter(map(len, per_doc), dtype=np.int64, count=len(per_doc))
     return tokens, counts
+
+
+def _encode(tokens: list[str], vocab: dict[str, int]) -> np.ndarray:
+    """The vocabulary codes of ``tokens`` (int32), adding unseen terms to ``vocab`` in first-seen order."""
+    missing = [term for term in dict.fromkeys(tokens) if term not in vocab]
+    vocab.update(zip(missing, range(len(vocab), len(vocab) + len(missing)), strict=True))
+    # int32 halves the code arrays; a vocabulary past 2**31 terms cannot be held in memory anyway, and
+    # np.fromiter raises OverflowError rather than wrapping if it ever were.
+    return np.fromiter(map(vocab.__getitem__, tokens), dtype=np.int32, count=len(tokens))
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,14 +150,19 @@ class Bm25Index:
         secondary: Sequence[str],
         body: Sequence[str],
         stem: str = "none",
+        *,
+        chunk: int = BUILD_CHUNK,
     ) -> Bm25Index:
         """Index documents given as their three space-joined term columns; ``node_ids`` unique.
 
         The documents may come in any order: they are sorted by node-id byte order here. ``stem`` is a
-        :data:`~memory_recall.text.stem.STEM_METHODS` value (ValueError otherwise).
+        :data:`~memory_recall.text.stem.STEM_METHODS` value (ValueError otherwise). ``chunk`` (≥ 1) is how
+        many documents are tokenised at a time; it bounds the build's memory and never changes the index.
         """
         if stem not in STEM_METHODS:
             raise ValueError(f"stem must be one of {', '.join(STEM_METHODS)}, got {stem!r}")
+        if chunk < 1:
+            raise ValueError(f"chunk must be at least 1, got {chunk!r}")
         n = len(node_ids)
         if not len(primary) == len(secondary) == len(body) == n:
             raise ValueError("node_ids and the three term columns must have the same length")
@@ -161,31 +178,38 @@ class Bm25Index:
         if n == 0:
             empty = sp.csr_matrix((0, 0), dtype=np.float64)
             return cls(ids, {}, empty, np.zeros(0), np.zeros(0), stem)
-        all_tokens: list[str] = []
-        docs_parts, weight_parts = [], []
-        length = np.zeros(n, dtype=np.int64)
-        doc_range = np.arange(n, dtype=np.int64)
-        for weight, column in zip(_WEIGHTS, columns, strict=True):
-            tokens, counts = _column_tokens(column)
-            all_tokens.extend(tokens)
-            docs_parts.append(np.repeat(doc_range, counts))
-            weight_parts.append(np.full(len(tokens), weight))
-            length += counts
-        # Codes in first-seen order through a dict: ~6x faster than np.unique(return_inverse=True) over a
-        # fixed-width string array at 100k nodes (0.25 s vs 1.6 s + 0.6 s to build the array), and no
-        # fixed-width copy sized by the longest term. Code numbering never reaches the output.
-        vocab = {term: i for i, term in enumerate(dict.fromkeys(all_tokens))}
-        codes = np.fromiter(map(vocab.__getitem__, all_tokens), dtype=np.int64, count=len(all_tokens))
+        # Tokenised and encoded BUILD_CHUNK documents at a time, column by column, so only one chunk's token
+        # strings exist at once (a list of every token of a 100k-node chat is ~200 MB of Python objects for
+        # a ~26 MB index). Columns, then documents, is the order a single pass over each whole column would
+        # see the terms in, so codes are numbered in that first-seen order whatever the chunk size.
+        vocab: dict[str, int] = {}
+        code_parts: list[np.ndarray] = []
+        column_counts: list[np.ndarray] = []
+        for column in columns:
+            chunk_counts = []
+            for start in range(0, n, chunk):
+                tokens, counts = _column_tokens(column[start : start + chunk])
+                code_parts.append(_encode(tokens, vocab))
+                chunk_counts.append(counts)
+                del tokens
+            column_counts.append(np.concatenate(chunk_counts))
+        del columns
+        codes = np.concatenate(code_parts)
+        del code_parts
         if stem != "none":
             # Stem each distinct term once, then renumber the token codes through the stemmed vocabulary.
             stemmed = [stem_term(term, stem) for term in vocab]
             vocab = {term: i for i, term in enumerate(dict.fromkeys(stemmed))}
-            remap = np.fromiter(map(vocab.__getitem__, stemmed), dtype=np.int64, count=len(stemmed))
+            remap = np.fromiter(map(vocab.__getitem__, stemmed), dtype=np.int32, count=len(stemmed))
             codes = remap[codes]
-        docs = np.concatenate(docs_parts)
-        weights = np.concatenate(weight_parts)
-        # COO → CSR sums duplicate (term, document) entries: f_q = Σ_c w_c · tf(q, c).
+        doc_range = np.arange(n, dtype=np.int32)
+        docs = np.concatenate([np.repeat(doc_range, counts) for counts in column_counts])
+        weights = np.repeat(np.asarray(_WEIGHTS), [int(counts.sum()) for counts in column_counts])
+        length = column_counts[0] + column_counts[1] + column_counts[2]
+        # COO → CSR sums duplicate (term, document) entries: f_q = Σ_c w_c · tf(q, c). The sums are of small
+        # integers, exact in float64, so the summation order does not matter.
         tf = sp.csr_matrix((weights, (codes, docs)), shape=(len(vocab), n), dtype=np.float64)
+        del codes, docs, weights
         tf.sum_duplicates()
         avgdl = float(length.sum()) / n
         dl = length.astype(np.float64)

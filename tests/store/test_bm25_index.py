@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import sqlite3
 import tempfile
 from pathlib import Path
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from store_helpers import node
 
 from memory_recall.store import Store
-from memory_recall.store.bm25_index import Bm25Cache, Bm25Index, cache_for, split_query_term
+from memory_recall.store.bm25_index import BUILD_CHUNK, Bm25Cache, Bm25Index, cache_for, split_query_term
 from memory_recall.text.tokenize import fts_match_expression, query_terms
 
 _FTS_SQL = (
@@ -174,6 +175,55 @@ class TestOrder:
     def test_deterministic(self) -> None:
         args = (["b", "a", "c"], ["x y", "y", "x x"], ["", "x", ""], ["z", "", "y"])
         assert Bm25Index.build(*args).query(["x", "y"], 3) == Bm25Index.build(*args).query(["x", "y"], 3)
+
+
+class TestChunkedBuild:
+    """``build`` tokenises a few documents at a time; the index must not depend on the chunk size."""
+
+    @staticmethod
+    def _corpus(seed: int, n: int) -> tuple[list[str], list[str], list[str], list[str]]:
+        rng = random.Random(seed)
+        words = ["dragon", "dragons", "lair", "painting", "paints", "cave", "stone", "钟楼", "gate", "x", "oath"]
+        words += [f"w{i}" for i in range(60)]  # rare terms keep the vocabulary growing chunk after chunk
+
+        def column() -> str:
+            return " ".join(rng.choice(words) for _ in range(rng.randrange(0, 6)))
+
+        ids = [f"n{i:04d}" for i in range(n)]
+        rng.shuffle(ids)  # unsorted input: build sorts by node id before chunking
+        primary, secondary, body = [column() for _ in ids], [column() for _ in ids], [column() for _ in ids]
+        body[17] = "  cave\tlair  "  # odd whitespace: that chunk falls back to per-document counting
+        return ids, primary, secondary, body
+
+    @pytest.mark.parametrize("stem", ["none", "porter"])
+    def test_chunk_size_never_changes_the_index(self, stem: str) -> None:
+        args = self._corpus(8, 300)
+        whole = Bm25Index.build(*args, stem=stem, chunk=300)
+        queries = [["dragon"], ["lair", "cave"], ["paint", "w3", "钟楼"], ["w59", "x", "x"], ["nowhere"]]
+        for chunk in (1, 7, 64, 299, BUILD_CHUNK):
+            part = Bm25Index.build(*args, stem=stem, chunk=chunk)
+            assert part.node_ids == whole.node_ids
+            assert list(part.vocab.items()) == list(whole.vocab.items())  # same codes in the same order
+            for got, want in [
+                (part.tf.indptr, whole.tf.indptr),
+                (part.tf.indices, whole.tf.indices),
+                (part.tf.data, whole.tf.data),
+                (part.norm, whole.norm),
+                (part.idf, whole.idf),
+            ]:
+                assert got.tobytes() == want.tobytes()
+            for terms in queries:
+                assert part.query(terms, 1000) == whole.query(terms, 1000)
+        # Every token is counted once with its column weight, the odd-whitespace document's too.
+        ids, primary, secondary, body = args
+        want_total = sum(w * len(text.split()) for w, col in zip((3, 2, 1), args[1:], strict=True) for text in col)
+        assert whole.tf.data.sum() == want_total
+        odd = whole.node_ids.index(ids[17])
+        assert whole.tf[:, odd].sum() == 3 * len(primary[17].split()) + 2 * len(secondary[17].split()) + 2
+
+    def test_bad_chunk(self) -> None:
+        with pytest.raises(ValueError, match="chunk"):
+            Bm25Index.build(["a"], ["x"], [""], [""], chunk=0)
 
 
 class TestCache:
