@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from memory_recall.store.snapshot import TYPE_CODE
+
 if TYPE_CHECKING:
     from memory_recall.pipeline.state import RecallState
     from memory_recall.store.snapshot import GraphSnapshot
@@ -113,7 +115,9 @@ def cooccurrence_eligible(snapshot: GraphSnapshot, idx: np.ndarray) -> np.ndarra
     idx = np.asarray(idx, dtype=np.int64)
     if idx.size == 0:
         return np.zeros(0, dtype=bool)
-    type_ok = ~snapshot.mask_types(COOCCURRENCE_EXCLUDED_TYPES)[idx]
+    # The type test on ``idx`` only (``snapshot.mask_types`` would test every node of the graph).
+    excluded = [TYPE_CODE[t] for t in sorted(COOCCURRENCE_EXCLUDED_TYPES) if t in TYPE_CODE]
+    type_ok = ~np.isin(snapshot.type_code[idx], excluded)
     has_term = np.fromiter((bool(snapshot.anchor_terms[i]) for i in idx.tolist()), dtype=bool, count=idx.size)
     return ~snapshot.archived[idx] & type_ok & has_term
 

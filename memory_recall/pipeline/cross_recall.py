@@ -237,9 +237,25 @@ class CrossRecallStage:
         first = _first_occurrence(bm_idx)
         bm_idx, bm_s = bm_idx[first].astype(np.int64), bm_s[first]
 
+        # Membership as (n,) masks (cheaper than np.isin's sorts at these sizes); only in-range values matter:
+        # out-of-range ones are dropped by ``valid`` and can never equal an in-range one.
+        def members(*parts: np.ndarray) -> np.ndarray:
+            mask = np.zeros(snap.n, dtype=bool)
+            for part in parts:
+                part = np.asarray(part, dtype=np.int64)
+                mask[part[(part >= 0) & (part < snap.n)]] = True
+            return mask
+
+        def outside(idx: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            idx = np.asarray(idx, dtype=np.int64)
+            ok = valid(idx)
+            ok[ok] = ~mask[idx[ok]]
+            return ok
+
         from_vec = vec_idx[valid(vec_idx)]
-        from_dif = dif_idx[valid(dif_idx) & ~np.isin(dif_idx, vec_idx)].astype(np.int64)
-        from_bm = bm_idx[valid(bm_idx) & ~np.isin(bm_idx, vec_idx) & ~np.isin(bm_idx, dif_idx)]
+        seen = members(vec_idx)
+        from_dif = dif_idx[outside(dif_idx, seen)].astype(np.int64)
+        from_bm = bm_idx[outside(bm_idx, members(vec_idx, dif_idx))]
         index = np.concatenate([from_vec, from_dif, from_bm]).astype(np.int64)
         candidates = Candidates(
             index=index,

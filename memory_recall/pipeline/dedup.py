@@ -170,22 +170,30 @@ class DedupStage:
         codes = snap.type_code[idx]
         range_codes = [TYPE_CODE[t] for t in sorted(self.range_types) if t in TYPE_CODE]
         ok = ~np.isnan(start) & ~np.isnan(end) & np.isin(codes, range_codes)
-        wide = ok & (end > start)
-        # Owner keys as integer codes: one comparison of codes instead of w² string comparisons.
-        owners = np.unique(snap.scope_owner_key[idx].astype(str), return_inverse=True)[1].reshape(w)
-        with np.errstate(invalid="ignore"):
-            overlap = np.minimum(end[:, None], end[None, :]) - np.maximum(start[:, None], start[None, :]) + 1
-            length = end - start + 1
+        # Only rows of a content-range type with a finite range can overlap: the pairwise terms are computed on
+        # those rows alone (often a fraction of the window) and scattered into the (w × w) matrix.
+        sub = np.flatnonzero(ok)
+        same_range = np.zeros((w, w), dtype=bool)
+        if sub.size > 1:
+            s_start, s_end, s_codes = start[sub], end[sub], codes[sub]
+            wide = s_end > s_start
+            # Owner keys as integer codes (first-seen order; only equality is used): one comparison of codes
+            # instead of a quadratic number of string comparisons.
+            owner_ids: dict[str, int] = {}
+            owners = np.array(
+                [owner_ids.setdefault(str(k), len(owner_ids)) for k in snap.scope_owner_key[idx[sub]].tolist()],
+                dtype=np.int64,
+            )
+            overlap = np.minimum(s_end[:, None], s_end[None, :]) - np.maximum(s_start[:, None], s_start[None, :]) + 1
+            length = s_end - s_start + 1
             shorter = np.minimum(length[:, None], length[None, :])
             ratio = np.where(shorter > 0, overlap / np.where(shorter > 0, shorter, 1), 0.0)
-        same_range = (
-            ok[:, None]
-            & ok[None, :]
-            & (wide[:, None] | wide[None, :])
-            & (codes[:, None] == codes[None, :])
-            & (owners[:, None] == owners[None, :])
-            & (ratio >= self.overlap_ratio)
-        )
+            same_range[np.ix_(sub, sub)] = (
+                (wide[:, None] | wide[None, :])
+                & (s_codes[:, None] == s_codes[None, :])
+                & (owners[:, None] == owners[None, :])
+                & (ratio >= self.overlap_ratio)
+            )
 
         dup = same_text | same_range
         kept = np.ones(w, dtype=bool)

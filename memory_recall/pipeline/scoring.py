@@ -77,10 +77,12 @@ import numpy as np
 from memory_recall.model.graph import PRIMARY_LEXICAL_FIELDS, SECONDARY_LEXICAL_FIELDS, Node
 from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask
 from memory_recall.pipeline.kernels.lexical import (
-    PreparedNode,
+    PackedNode,
+    UnitVocab,
+    batch_lexical_scores,
+    pack_node,
     prepare_node,
     prepare_sources,
-    prepared_lexical_score,
 )
 from memory_recall.pipeline.kernels.scoring import hybrid_score
 from memory_recall.pipeline.state import (
@@ -261,31 +263,34 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
 MAX_PREPARED_NODES = 50_000
 
 
-def _prepared_fields(snapshot: GraphSnapshot) -> Callable[[int], PreparedNode | None]:
-    """``fields_of(i)``: node ``i``'s lexical fields normalised (:func:`prepare_node`), None when the node has no
-    primary or secondary text (its field match is 0).
+def _packed_fields(snapshot: GraphSnapshot) -> tuple[Callable[[int], PackedNode | None], UnitVocab]:
+    """``(fields_of, vocab)``: ``fields_of(i)`` is node ``i``'s lexical fields normalised (:func:`prepare_node`)
+    and packed for :func:`batch_lexical_scores` with the snapshot's unit vocabulary ``vocab``; None when the node
+    has no primary or secondary text (its field match is 0).
 
     Prepared lazily, for the candidates a recall actually scores, and kept with the snapshot (departure 11):
     a node's fields only change with a new store version, i.e. a new snapshot, so the table never goes stale.
-    The values equal what :func:`~memory_recall.pipeline.kernels.lexical.lexical_score` computes from the node's
+    The scores equal what :func:`~memory_recall.pipeline.kernels.lexical.lexical_score` computes from the node's
     fields on every call (tested); only the normalisation work is saved.
     """
-    table: dict[int, PreparedNode | None]
-    table, _ = cached(snapshot, ("lexical-fields",), dict)
+    def build() -> tuple[dict[int, PackedNode | None], UnitVocab]:
+        return {}, UnitVocab()
 
-    def fields_of(i: int) -> PreparedNode | None:
+    (table, vocab), _ = cached(snapshot, ("lexical-fields",), build)
+
+    def fields_of(i: int) -> PackedNode | None:
         if i in table:
             return table[i]
         raw = snapshot.node(i)
         primary = [t for key in PRIMARY_LEXICAL_FIELDS for t in raw.field_text(key)]
         secondary = [t for key in SECONDARY_LEXICAL_FIELDS for t in raw.field_text(key)]
-        node = prepare_node(primary, secondary) if primary or secondary else None
+        node = pack_node(prepare_node(primary, secondary), vocab) if primary or secondary else None
         if len(table) >= MAX_PREPARED_NODES:
-            table.clear()
+            table.clear()  # the vocabulary stays: ids only need to be consistent, not dense
         table[i] = node  # racing threads store equal values: harmless
         return node
 
-    return fields_of
+    return fields_of, vocab
 
 
 # --- scope buckets (§1.4) -----------------------------------------------------------------------------------
@@ -781,15 +786,18 @@ def explain_row(
         "owner_coverage": float(table.owner_coverage_weight[row]),
         "temporal": float(table.temporal_weight[row]),
     }
-    scale = float(np.prod(list(multipliers.values())))
     values = (
         min(1.0, max(0.0, float(table.graph_score[row]) / 2.0)),
         min(1.0, max(0.0, float(table.vector_score[row]))),
         min(1.0, max(0.0, float(table.lexical_score[row]))),
         min(1.0, max(0.0, float(snapshot.importance[node_i]) / 10.0)),
     )
+    # The multiplier product is only needed for a part whose value is 0 (its weight cannot be read off the
+    # contribution): computed then, once.
+    scale = float(np.prod(list(multipliers.values()))) if min(values) <= 0 else 1.0
     parts = []
-    for name, value, w, contribution in zip(_PART_NAMES, values, raw_weights, table.parts[row], strict=True):
+    for name, value, w, contribution in zip(_PART_NAMES, values, raw_weights, table.parts[row].tolist(),
+                                            strict=True):
         weight = float(contribution) / value if value > 0 else w / denom * scale
         parts.append(ExplanationPart(name, value, weight, float(contribution)))
     return Explanation(
@@ -841,11 +849,8 @@ class ScoringStage:
         prepared = prepare_sources(sources)
         field_match = np.zeros(m)
         if prepared.items:
-            fields_of = _prepared_fields(state.snapshot)
-            for r, i in enumerate(idx.tolist()):  # the one per-candidate loop: it needs the node's fields
-                node = fields_of(i)
-                if node is not None:
-                    field_match[r] = prepared_lexical_score(node, prepared)
+            fields_of, vocab = _packed_fields(state.snapshot)
+            field_match = batch_lexical_scores([fields_of(i) for i in idx.tolist()], prepared, vocab)
         field_match = field_match * float(self.lexical.field_match_weight)
         if self.lexical.enable_bm25:
             return np.maximum(field_match, np.clip(bm25, 0.0, 1.0))
@@ -1080,14 +1085,21 @@ class ScoringStage:
             visible_owners: dict[str, list[str]] = {}
             suppressed_owners: dict[str, list[str]] = {}
             if owner_keys:
-                # Columns as lists of Python bools once: indexing the (k × m) array per node costs more.
+                # The (visible, missing) owner lists are built once per distinct visibility column: a few owners
+                # give a handful of patterns for the hundreds of rows. Every node gets its own copies.
                 columns = gate.owner_visible.T.tolist()
+                split: dict[tuple[bool, ...], tuple[list[str], list[str]]] = {}
                 for p in np.flatnonzero(gate.visible).tolist():
-                    col = columns[p]
-                    visible_owners[ids[p]] = [k for k, v in zip(owner_keys, col, strict=True) if v]
-                    missing = [k for k, v in zip(owner_keys, col, strict=True) if not v]
-                    if missing:
-                        suppressed_owners[ids[p]] = missing
+                    col = tuple(columns[p])
+                    lists = split.get(col)
+                    if lists is None:
+                        lists = split[col] = (
+                            [k for k, v in zip(owner_keys, col, strict=True) if v],
+                            [k for k, v in zip(owner_keys, col, strict=True) if not v],
+                        )
+                    visible_owners[ids[p]] = lists[0].copy()
+                    if lists[1]:
+                        suppressed_owners[ids[p]] = lists[1].copy()
         else:
             anchored, rescued, suppressed, reasons = [], [], [], {}
             visible_owners, suppressed_owners = {}, {}

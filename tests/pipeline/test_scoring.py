@@ -125,8 +125,9 @@ class TestLexicalFieldCache:
 
         snap = make_snapshot(self._graph())
         cold = run_scoring(make_state(snap, message)).state
-        table, was_cached = cached(snap, ("lexical-fields",), dict)
+        (table, vocab), was_cached = cached(snap, ("lexical-fields",), lambda: ({}, None))
         assert was_cached and sorted(table) == list(range(snap.n))  # filled for every candidate scored
+        assert len(vocab) > 0  # the snapshot's unit vocabulary numbers the packed fields' units
         assert table[snap.ids.index("blank")] is None
         warm = run_scoring(make_state(snap, message)).state
         assert_same(cold.scored, warm.scored)
@@ -141,7 +142,7 @@ class TestLexicalFieldCache:
 
         snap = make_snapshot(self._graph())
         run_scoring(make_state(snap, "alice", candidates=candidates_for(snap, ["tower", "ev"])))
-        table, _ = cached(snap, ("lexical-fields",), dict)
+        (table, _vocab), _ = cached(snap, ("lexical-fields",), lambda: ({}, None))
         assert sorted(table) == sorted(snap.ids.index(x) for x in ("tower", "ev"))
 
     def test_emptied_table_gives_the_same_scores(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,7 +155,7 @@ class TestLexicalFieldCache:
         got = run_scoring(make_state(fresh, "Alice at the bell tower?")).state.scored
         from memory_recall.pipeline._graph_cache import cached
 
-        assert len(cached(fresh, ("lexical-fields",), dict)[0]) <= 2
+        assert len(cached(fresh, ("lexical-fields",), lambda: ({}, None))[0][0]) <= 2
         assert_same(expected, got)
 
     def test_a_new_snapshot_sees_changed_fields(self) -> None:

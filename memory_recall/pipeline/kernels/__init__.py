@@ -14,7 +14,8 @@ module              functions                                                   
                     :func:`sparse_code_residual`
 ``lexical``         :func:`lexical_units`, :func:`field_match`,                 §3.12 step 1
                     :func:`lexical_score`, :func:`prepare_sources`,
-                    :func:`prepare_node`, :func:`prepared_lexical_score`
+                    :func:`prepare_node`, :func:`prepared_lexical_score`,
+                    :func:`pack_node`, :func:`batch_lexical_scores`
 ``scoring``         :func:`time_decay`, :func:`hybrid_score`                    §1.9, §3.12 step 2
 ``cooccurrence``    :func:`build_cooccurrence_index`, :func:`cooccurrence_boost`,  §3.11
                     :func:`cooccurrence_neighbors`, :func:`id_order_key`
@@ -42,11 +43,15 @@ from memory_recall.pipeline.kernels.diffusion import (
 from memory_recall.pipeline.kernels.diversity import dpp_greedy_select
 from memory_recall.pipeline.kernels.lexical import (
     LexicalSources,
+    PackedNode,
     PreparedField,
     PreparedNode,
+    UnitVocab,
+    batch_lexical_scores,
     field_match,
     lexical_score,
     lexical_units,
+    pack_node,
     prepare_field,
     prepare_node,
     prepare_sources,
@@ -72,10 +77,13 @@ __all__ = [
     "HybridParts",
     "LexicalSources",
     "NmfAnalysis",
+    "PackedNode",
     "PreparedField",
     "PreparedNode",
     "ResidualNovelty",
     "SparseCode",
+    "UnitVocab",
+    "batch_lexical_scores",
     "build_adjacency",
     "build_cooccurrence_index",
     "cooccurrence_boost",
@@ -87,6 +95,7 @@ __all__ = [
     "lexical_score",
     "lexical_units",
     "nmf_query_analysis",
+    "pack_node",
     "prepare_field",
     "prepare_node",
     "prepare_sources",

@@ -187,6 +187,18 @@ class TestTopK:
         ref_by_id = _reference_propagate(lists, [("0", 1.0)], max_steps=1, top_k=2, tie_key=int)
         assert sorted(ref_by_id) == ["0", "1", "2"]
 
+    def test_ties_straddling_the_cut_keep_the_lowest_indices_above_stronger_ones(self) -> None:
+        # Step 1 reaches 1 (0.6·0.9), 2..4 (0.6·0.5 each) and 5 (0.6·0.1): top_k=3 keeps 1, then the two
+        # lowest-index nodes of the tie at the cut (2, 3); 4 and 5 are pruned.
+        adj = build_adjacency(6, [0, 0, 0, 0, 0], [4, 3, 1, 2, 5], [0.5, 0.5, 0.9, 0.5, 0.1])
+        got = _as_dict(*propagate(adj, [0], [1.0], max_steps=1, top_k=3))
+        assert sorted(got) == [0, 1, 2, 3]
+
+    def test_top_k_zero_keeps_only_the_seeds(self) -> None:
+        adj = build_adjacency(3, [0, 1], [1, 2], [1.0, 0.5])
+        idx, energy = propagate(adj, [0], [1.0], top_k=0, teleport_alpha=0.15)
+        assert idx.tolist() == [0] and energy.tolist() == [1.0]
+
     def test_clamp_limits_energy(self) -> None:
         adj = build_adjacency(3, [0, 1], [2, 2], [1.0, 1.0])
         got = _as_dict(*propagate(adj, [0, 1], [2.0, 2.0], max_steps=1, decay=1.0))

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import unicodedata
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memory_recall.pipeline.kernels import (
+    UnitVocab,
+    batch_lexical_scores,
     field_match,
     lexical_score,
     lexical_units,
+    pack_node,
     prepare_node,
     prepare_sources,
     prepared_lexical_score,
@@ -248,3 +252,47 @@ class TestPreparedNode:
 
     def test_no_sources_score_zero(self) -> None:
         assert prepared_lexical_score(prepare_node(["Alice"], []), prepare_sources(["", "  "])) == 0.0
+
+
+class TestBatchScores:
+    @settings(max_examples=200, deadline=None)
+    @given(
+        nodes=st.lists(
+            st.one_of(st.none(), st.tuples(st.lists(_TEXT, max_size=2), st.lists(_TEXT, max_size=3))), max_size=6
+        ),
+        sources=st.lists(_TEXT, max_size=3),
+        ref=st.booleans(),
+    )
+    def test_batch_equals_the_scalar_score_bit_for_bit(self, nodes, sources, ref) -> None:
+        vocab = UnitVocab()
+        prepared = [None if n is None else prepare_node(n[0], n[1], reference=ref) for n in nodes]
+        packed = [None if p is None else pack_node(p, vocab) for p in prepared]
+        srcs = prepare_sources(sources, reference=ref)
+        got = batch_lexical_scores(packed, srcs, vocab)
+        expected = [0.0 if p is None else prepared_lexical_score(p, srcs) for p in prepared]
+        assert got.dtype == np.float64
+        assert got.tolist() == expected
+
+    def test_mixed_matches_in_one_batch(self) -> None:
+        vocab = UnitVocab()
+        texts = [(["Alice"], ["the bell tower"]), ([], []), (["ce"], []), (["Bob"], ["a smith"]), ([], ["x a b"])]
+        prepared = [prepare_node(p, s) for p, s in texts]
+        packed = [pack_node(p, vocab) for p in prepared]
+        srcs = prepare_sources(["alice", "bell tower now", "a b"])
+        got = batch_lexical_scores(packed, srcs, vocab).tolist()
+        assert got == [prepared_lexical_score(p, srcs) for p in prepared]
+        assert got[0] == 1.0 and got[1] == 0.0 and got[2] == 0.92 and got[3] == 0.0 and got[4] == 0.82 * 0.68
+
+    def test_no_sources_or_no_nodes(self) -> None:
+        vocab = UnitVocab()
+        packed = [pack_node(prepare_node(["Alice"], []), vocab)]
+        assert batch_lexical_scores(packed, prepare_sources([""]), vocab).tolist() == [0.0]
+        assert batch_lexical_scores([None, None], prepare_sources(["alice"]), vocab).tolist() == [0.0, 0.0]
+        assert batch_lexical_scores([], prepare_sources(["alice"]), vocab).shape == (0,)
+
+    def test_vocab_ids_are_stable_and_dense(self) -> None:
+        vocab = UnitVocab()
+        assert vocab.ids_of(["bell", "tower", "bell"]) == [0, 1, 0]
+        assert vocab.ids_of(["tower", "gate"]) == [1, 2]
+        assert len(vocab) == 3
+        assert sorted(vocab.known(frozenset({"gate", "moon"}))) == [2]
