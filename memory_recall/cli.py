@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from memory_recall.blas import pin_single_thread
 from memory_recall.errors import InputError, MemoryRecallError
 
 __all__ = ["main"]
@@ -413,6 +414,7 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``memory-recall`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    pin_single_thread()  # byte-identical recalls on any core count (memory_recall.blas)
     try:
         if argv and argv[0] in ("bench", "eval"):
             return _passthrough(argv[0], argv[1:])

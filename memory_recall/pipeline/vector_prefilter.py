@@ -116,8 +116,14 @@ def query_similarities(embeddings: np.ndarray, queries: np.ndarray) -> np.ndarra
 
     Computed as ``(embeddings @ queries.T).T``: the same single-precision GEMM with the long node matrix as
     the left operand, which OpenBLAS runs about 1.5× faster for a handful of queries and which gives the same
-    bits (checked for 1–8 queries at 1k–100k nodes; one query is a GEMV either way).
+    bits (checked for 2–8 queries at 1k–100k nodes). A single query is padded with a zero row: alone it would
+    be a GEMV, whose bits change with the number of BLAS threads (OpenBLAS splits its rows unaligned), while a
+    GEMM never splits the sum over the 384 dimensions, so the cosines are the same for any thread count.
     """
+    if queries.shape[0] == 1:
+        padded = np.zeros((2, queries.shape[1]), dtype=queries.dtype)
+        padded[0] = queries[0]
+        return np.ascontiguousarray((embeddings @ padded.T).T[:1])
     return np.ascontiguousarray((embeddings @ queries.T).T)
 
 

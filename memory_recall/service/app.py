@@ -70,6 +70,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from memory_recall.blas import pin_single_thread
 from memory_recall.controller import ChatEventReport, RecallController, RecallRequest, RecallResponse, RecordStatus
 from memory_recall.errors import (
     ConfigError,
@@ -412,6 +413,7 @@ def create_app(
     """
     svc_settings = settings.service
     check_bind(svc_settings.host, svc_settings.token)
+    pin_single_thread()  # byte-identical recalls on any core count (memory_recall.blas)
     service = _Service(settings, store, embedder, llm, owns_store=False)
 
     @asynccontextmanager

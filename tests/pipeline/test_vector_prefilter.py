@@ -24,6 +24,7 @@ from memory_recall.pipeline.vector_prefilter import (
     VectorPrefilterStage,
     merge_limit,
     merge_vector_hits,
+    query_similarities,
     top_k_per_query,
 )
 from memory_recall.settings import QueryPlanSettings, SelectionSettings, VectorSettings
@@ -274,3 +275,24 @@ class TestContract:
         expected = sorted((n for n in names if cos[n] > 0), key=lambda n: -cos[n])[:5]
         assert ids(res.state) == expected
         np.testing.assert_allclose(res.state.vector_hits[2], [cos[n] for n in expected], rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", [2500, 10001])
+@pytest.mark.parametrize("q", [1, 2, 3])
+def test_similarities_do_not_depend_on_the_blas_thread_count(n: int, q: int) -> None:
+    """A single query used to be a GEMV, whose float32 bits differ between one and two OpenBLAS threads at these
+    sizes; every query count now gives the same bits for any thread count, and the padded single query equals
+    the exact float64 product to float32 precision."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(n + q)
+    emb = rng.standard_normal((n, 384)).astype(np.float32)
+    queries = rng.standard_normal((q, 384)).astype(np.float32)
+    with threadpool_limits(1, user_api="blas"):
+        one = query_similarities(emb, queries)
+    with threadpool_limits(2, user_api="blas"):
+        two = query_similarities(emb, queries)
+    assert one.shape == (q, n) and one.dtype == np.float32
+    assert one.tobytes() == two.tobytes()
+    exact = queries.astype(np.float64) @ emb.astype(np.float64).T
+    assert np.max(np.abs(one - exact)) < 1e-4
