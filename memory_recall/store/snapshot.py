@@ -17,6 +17,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import json
 import math
@@ -26,6 +27,7 @@ import sys
 import threading
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +59,7 @@ __all__ = [
     "EdgeColumns",
     "EdgeRow",
     "GraphSnapshot",
+    "BlobSlices",
     "JoinedStrings",
     "KnowledgeArrays",
     "NodeIndex",
@@ -67,6 +70,7 @@ __all__ = [
     "build_snapshot",
     "compress_text",
     "decompress_text",
+    "gc_paused",
     "load_snapshot",
     "release_freed_heap",
     "node_index",
@@ -193,7 +197,7 @@ class NodeIndex:
 
 
 def _split(text: str) -> tuple[str, ...]:
-    return tuple(t for t in text.split(_SEP) if t) if text else ()
+    return tuple(filter(None, text.split(_SEP))) if text else ()  # without the empty terms
 
 
 #: Field order of :meth:`NodeIndex.to_json` (and of the dataclass).
@@ -212,7 +216,7 @@ _INTERNED_FIELDS: tuple[str, ...] = (
 
 def _split_interned(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
     """:func:`_split` of each text, equal texts sharing one tuple of interned terms."""
-    memo = {text: tuple(map(sys.intern, _split(text))) for text in set(texts)}
+    memo = {text: tuple(map(sys.intern, filter(None, text.split(_SEP)))) if text else () for text in set(texts)}
     return tuple(map(memo.__getitem__, texts))
 
 
@@ -251,10 +255,27 @@ class NodeIndexTable(Sequence[NodeIndex]):
             return cls({name: () for name in _INDEX_FIELDS})
         if set(map(len, blobs)) != {_PACKED_INDEX.size}:
             raise ValueError("packed index rows of the wrong size")
-        rec = np.frombuffer(b"".join(blobs), _PACKED_INDEX_DTYPE)
-        cols: dict[str, Any] = dict(
-            zip(_STRING_FIELDS, zip(*json.loads("[" + ",".join(strings) + "]"), strict=True), strict=True)
-        )
+        return cls.from_joined(b"".join(blobs), ",".join(strings), n)
+
+    @classmethod
+    def from_joined(cls, packed: bytes, strings: str, n: int) -> NodeIndexTable:
+        """:meth:`from_packed` of ``n`` rows given as the concatenation of their blobs and the ``","``-join of
+        their string rows (the store reads a chat's rows that way). Wrong sizes or counts → ``ValueError``."""
+        if not n:
+            if packed or strings:
+                raise ValueError("index values for no rows")
+            return cls({name: () for name in _INDEX_FIELDS})
+        if len(packed) != n * _PACKED_INDEX.size:
+            raise ValueError("packed index rows of the wrong size")
+        rec = np.frombuffer(packed, _PACKED_INDEX_DTYPE)
+        try:
+            rows = json.loads("[" + strings + "]")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"string index rows are not JSON: {exc}") from None
+        if len(rows) != n:
+            raise ValueError(f"{n} packed index rows but {len(rows)} string rows")
+        cols: dict[str, Any] = dict(zip(_STRING_FIELDS, zip(*rows, strict=True), strict=True))
+        del rows
         _decode_strings(cols)
         flags = rec["flags"]
         cols["archived"] = (flags & 1) != 0
@@ -403,14 +424,17 @@ class PackedTexts(Sequence[str]):
 
 
 class JoinedStrings(Sequence[str]):
-    """Many short strings (a snapshot's edge ids) held as one str and their end offsets: ~10 bytes each instead of
-    ~60 for separate str objects. Immutable; equal to any sequence of the same strings."""
+    """Many short strings (a snapshot's edge ids) held as one str and their offsets: ~10 bytes each instead of
+    ~60 for separate str objects. Immutable; equal to any sequence of the same strings. :meth:`take` shares the
+    text (it only selects offsets), so a selection costs no string work."""
 
-    __slots__ = ("_ends", "_text")
+    __slots__ = ("_ends", "_starts", "_text")
 
-    def __init__(self, text: str, ends: np.ndarray) -> None:
+    def __init__(self, text: str, ends: np.ndarray, starts: np.ndarray | None = None) -> None:
         self._text = text
         self._ends = ends  # (n,) int64: end offset of each string in ``text``
+        # (n,) int64 start offsets; None → each string starts where the previous one ends (the first at 0)
+        self._starts = starts
 
     @classmethod
     def of(cls, items: Sequence[str]) -> JoinedStrings:
@@ -418,17 +442,48 @@ class JoinedStrings(Sequence[str]):
         return cls("".join(items), ends)
 
     @classmethod
+    def split(cls, text: str, sep: str, count: int) -> JoinedStrings:
+        """The ``count`` strings of ``text`` joined by ``sep`` (a single character none of them contains; the
+        empty text is no string). Another number of parts → ``ValueError``."""
+        if not count:
+            if text:
+                raise ValueError(f"expected no strings, got {text!r:.40}")
+            return cls("", np.zeros(0, np.int64))
+        # The separators are the only code points equal to ``sep``: find them with numpy on the UTF-32 code units.
+        units = np.frombuffer(text.encode("utf-32-le"), "<u4")
+        cuts = np.flatnonzero(units == ord(sep))
+        if cuts.size != count - 1:
+            raise ValueError(f"expected {count} strings, got {cuts.size + 1}")
+        ends = np.append(cuts, units.size).astype(np.int64)
+        starts = np.empty(count, np.int64)
+        starts[0] = 0
+        starts[1:] = cuts + 1
+        return cls(text, ends, starts)
+
+    @classmethod
     def concat(cls, parts: Sequence[JoinedStrings]) -> JoinedStrings:
         if len(parts) == 1:
             return parts[0]
         offsets = np.cumsum([0] + [len(p._text) for p in parts[:-1]], dtype=np.int64)
         ends = [p._ends + off for p, off in zip(parts, offsets.tolist(), strict=True)]
-        return cls("".join(p._text for p in parts), np.concatenate(ends) if ends else np.zeros(0, np.int64))
+        starts = [p._start_offsets() + off for p, off in zip(parts, offsets.tolist(), strict=True)]
+        if not ends:
+            return cls("", np.zeros(0, np.int64))
+        return cls("".join(p._text for p in parts), np.concatenate(ends), np.concatenate(starts))
+
+    def _start_offsets(self) -> np.ndarray:
+        if self._starts is not None:
+            return self._starts
+        starts = np.zeros(self._ends.size, np.int64)
+        starts[1:] = self._ends[:-1]
+        return starts
 
     def __len__(self) -> int:
         return int(self._ends.size)
 
     def _item(self, i: int) -> str:
+        if self._starts is not None:
+            return self._text[int(self._starts[i]) : int(self._ends[i])]
         start = int(self._ends[i - 1]) if i else 0
         return self._text[start : int(self._ends[i])]
 
@@ -438,10 +493,8 @@ class JoinedStrings(Sequence[str]):
         return self._item(range(len(self))[i])  # negative indices and IndexError as for a tuple
 
     def __iter__(self) -> Iterator[str]:
-        start = 0
-        for end in self._ends.tolist():
-            yield self._text[start:end]
-            start = end
+        text = self._text
+        return map(text.__getitem__, map(slice, self._start_offsets().tolist(), self._ends.tolist()))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str):
@@ -450,9 +503,35 @@ class JoinedStrings(Sequence[str]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def take(self, positions: Sequence[int]) -> JoinedStrings:
-        """The strings at ``positions``, in that order."""
-        return JoinedStrings.of([self._item(i) for i in positions])
+    def take(self, positions: Sequence[int] | np.ndarray) -> JoinedStrings:
+        """The strings at ``positions``, in that order (sharing this text)."""
+        at = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if at.size and (at.min() < -len(self) or at.max() >= len(self)):
+            raise IndexError("JoinedStrings index out of range")
+        return JoinedStrings(self._text, self._ends[at], self._start_offsets()[at])
+
+
+class BlobSlices(Sequence[bytes]):
+    """Many byte strings held as one bytes object and their end offsets (the store reads a chat's compressed node
+    JSON this way: no bytes object per node until one is asked for). Immutable."""
+
+    __slots__ = ("_blob", "_ends")
+
+    def __init__(self, blob: bytes, ends: np.ndarray) -> None:
+        self._blob = blob
+        self._ends = ends  # (n,) int64 end offsets, non-decreasing, the last one len(blob)
+
+    def __len__(self) -> int:
+        return int(self._ends.size)
+
+    def _item(self, i: int) -> bytes:
+        start = int(self._ends[i - 1]) if i else 0
+        return self._blob[start : int(self._ends[i])]
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._item(k) for k in range(len(self))[i]]
+        return self._item(range(len(self))[i])
 
 
 def _index_columns(rows: Sequence[NodeIndex]) -> dict[str, tuple[Any, ...]]:
@@ -664,20 +743,27 @@ def _knowledge_arrays(
     def idx(ids: Sequence[str]) -> np.ndarray:
         return np.fromiter((index[i] for i in ids if i in index), dtype=np.int64)
 
+    # The nodes' owner keys as codes (a chat has few distinct ones): one integer comparison per owner.
+    keys = scope_owner_key.tolist()
+    key_codes = {key: code for code, key in enumerate(dict.fromkeys(keys))}
+    owner_code = np.fromiter(map(key_codes.__getitem__, keys), dtype=np.int64, count=n)
+    del keys
+
     for o, entry in enumerate(entries):
         known[o, idx(entry.known_node_ids)] = True
         manual_known[o, idx(entry.manual_known_node_ids)] = True
         mistaken[o, idx(entry.mistaken_node_ids)] = True
         hidden[o, idx(entry.manual_hidden_node_ids)] = True
         if entry.visibility_scores:
-            pairs = [(index[nid], s) for nid, s in entry.visibility_scores.items() if nid in index]
-            if pairs:
-                rows, vals = zip(*pairs, strict=True)
-                visibility[o, list(rows)] = vals
+            scores = entry.visibility_scores
+            at = np.fromiter(map(index.get, scores, itertools.repeat(-1)), dtype=np.int64, count=len(scores))
+            vals = np.fromiter(scores.values(), dtype=np.float64, count=len(scores))
+            found = at >= 0
+            visibility[o, at[found]] = vals[found]
         if entry.node_id and entry.node_id in index:
             owner_node[o] = index[entry.node_id]
             known[o, index[entry.node_id]] = True
-        own_pov[o] = scope_owner_key == _owner_base_key(entry.owner_key)
+        own_pov[o] = owner_code == key_codes.get(_owner_base_key(entry.owner_key), -1)
     return KnowledgeArrays(
         owner_keys=tuple(e.owner_key for e in entries),
         owner_types=tuple(e.owner_type for e in entries),
@@ -849,11 +935,36 @@ def _embedding_matrix(source: SnapshotSource, index: dict[str, int], n: int) -> 
     return emb, has_vec
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for a bulk build (the snapshot read and build of a large chat).
+
+    Decoding 100k index rows creates millions of objects, and each collection the allocations trigger walks
+    all of them (~40% of the decode time at 100k nodes). The snapshot creates no reference cycles, so
+    reference counting frees what it drops. Re-enabled on exit only if it was enabled on entry (a process
+    that disabled it keeps it off); nested and concurrent uses leave it enabled once the last one exits
+    (a concurrent use may see it paused: that only delays collections).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
-    """Build the arrays of a snapshot. O(n + e) numpy work plus one pass over the index rows."""
+    """Build the arrays of a snapshot. O(n + e) numpy work plus one pass over the index rows (with the cyclic
+    garbage collector paused: :func:`gc_paused`)."""
+    with gc_paused():
+        return _build_snapshot(source, now_ms=now_ms)
+
+
+def _build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     ids = tuple(source.node_ids)
     n = len(ids)
-    index = {nid: i for i, nid in enumerate(ids)}
+    index = dict(zip(ids, range(n), strict=True))
     c = _index_columns(source.node_index)
     # Code point order of str equals the byte order of its UTF-8 encoding (ids cannot hold lone surrogates).
     order = sorted(range(n), key=ids.__getitem__)
@@ -867,16 +978,20 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     seq_end = np.array(c["seq_end"], dtype=np.float64).reshape(n)
     importance = _column(c["importance"], np.float64, n)
     created = _column(c["created_time"], np.float64, n)
-    is_pov = np.array(c["layer"], dtype=object).reshape(n) == "pov"
+    is_pov = np.fromiter(map(operator.eq, c["layer"], itertools.repeat("pov")), dtype=bool, count=n)
     owner_type_code = np.fromiter(map(_OWNER_TYPE_CODE.get, c["owner_type"], itertools.repeat(0)), np.int8, n)
-    scope_owner_key = np.array([_owner_base_key(k) if k else "" for k in c["owner_key"]], dtype=object).reshape(n)
+    # A chat has few distinct owner keys: each is normalised once.
+    base_keys = {k: _owner_base_key(k) if k else "" for k in set(c["owner_key"])}
+    scope_owner_key = np.empty(n, dtype=object)
+    scope_owner_key[:] = list(map(base_keys.__getitem__, c["owner_key"]))
     tense_code = np.fromiter(map(TENSE_CODE.get, c["tense"], itertools.repeat(0)), dtype=np.int8, count=n)
 
     anchor_index: dict[str, list[int]] = {}
-    for i, (terms, gone) in enumerate(zip(c["anchor_terms"], archived.tolist(), strict=True)):
-        if gone or not terms:
-            continue
-        for term in terms:
+    anchor_terms_c = c["anchor_terms"]
+    # Only the non-archived nodes with terms (a minority) are visited.
+    with_terms = np.fromiter(map(bool, anchor_terms_c), dtype=bool, count=n) & ~archived
+    for i in np.flatnonzero(with_terms).tolist():
+        for term in anchor_terms_c[i]:
             anchor_index.setdefault(term, []).append(i)
     anchor_lengths = tuple(sorted({len(t) for t in anchor_index}, reverse=True))
 
@@ -905,9 +1020,10 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
         relation_t = tuple(cols.relation)
         edge_ids_t = cols.edge_ids if joined else tuple(cols.edge_ids)
     else:
-        kept = np.flatnonzero(keep).tolist()
+        kept_at = np.flatnonzero(keep)
+        kept = kept_at.tolist()
         relation_t = tuple(map(cols.relation.__getitem__, kept))
-        edge_ids_t = cols.edge_ids.take(kept) if isinstance(cols.edge_ids, JoinedStrings) else tuple(
+        edge_ids_t = cols.edge_ids.take(kept_at) if isinstance(cols.edge_ids, JoinedStrings) else tuple(
             map(cols.edge_ids.__getitem__, kept)
         )
 

@@ -40,6 +40,7 @@ ties in BM25 scores break by node id (byte order).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -83,6 +84,7 @@ from memory_recall.store.bm25_index import Bm25Index, cache_for
 from memory_recall.store.snapshot import (
     PACKED_EDGE,
     PACKED_EDGE_DTYPE,
+    BlobSlices,
     EdgeColumns,
     JoinedStrings,
     NodeIndex,
@@ -90,6 +92,7 @@ from memory_recall.store.snapshot import (
     PackedTexts,
     SnapshotSource,
     compress_text,
+    gc_paused,
     node_index,
 )
 from memory_recall.text.stem import STEM_METHODS
@@ -829,19 +832,22 @@ class StoreReader:
         """Everything :func:`~memory_recall.store.snapshot.build_snapshot` needs, read in this one transaction.
 
         Nodes come with their packed index values (``nodes.ixb`` numbers, ``nodes.ixs`` strings: no node JSON
-        parse), their compressed JSON (``nodes.jz``, kept compressed as
-        :class:`~memory_recall.store.snapshot.PackedTexts`) and their ``model_id`` vectors in one ordered pass,
+        parse) and their compressed JSON (``nodes.jz``, kept compressed as
+        :class:`~memory_recall.store.snapshot.PackedTexts` over one blob), each column as one SQLite
+        concatenation in node order (no Python row per node); their ``model_id`` vectors are read in chunks
         straight into one (n × d) float32 matrix (``embeddings_aligned``: no joined copy); edges come as
-        :class:`~memory_recall.store.snapshot.EdgeColumns` from their packed columns (``edges.eb``, endpoints
-        as node rowids mapped to positions with numpy: no per-edge objects or id lookups). Both are read in
-        chunks. Vectors of different sizes or malformed packed columns → ``StoreError``.
+        :class:`~memory_recall.store.snapshot.EdgeColumns` from concatenations of their packed columns
+        (``edges.eb``, endpoints as node rowids mapped to positions with numpy: no per-edge objects or id
+        lookups). The cyclic garbage collector is paused meanwhile (:func:`~memory_recall.store.snapshot.gc_paused`).
+        Vectors of different sizes or malformed packed columns → ``StoreError``.
         """
         chat_id = validate_chat_id(chat_id)
         model_id = _model_id(model_id) if model_id else ""
         version = self.chat_version(chat_id)
-        node_ids, rids, index_rows, node_json, matrix = self._snapshot_nodes(chat_id, model_id)
-        edge_columns = self._snapshot_edges(chat_id, rids)
-        del rids
+        with gc_paused():  # the decode of a large chat creates millions of objects (see gc_paused)
+            node_ids, rids, index_rows, node_json, matrix = self._snapshot_nodes(chat_id, model_id)
+            edge_columns = self._snapshot_edges(chat_id, rids)
+            del rids
         return SnapshotSource(
             chat_id=chat_id,
             version=version,
@@ -869,78 +875,110 @@ class StoreReader:
         matrix of their ``model_id`` vectors (zero rows where a node has none; ``zeros((0, 0))`` when no node
         has one)."""
         conn = self._conn
-        n = conn.execute("SELECT count(*) FROM nodes WHERE chat_id = ?", (chat_id,)).fetchone()[0]
+        # The node columns come as one row of concatenations built by SQLite (no Python object per node; ids
+        # hold no control characters, the JSON string rows escape them). The rows' order inside an aggregate
+        # is the subquery's in practice but not promised: the rowid and ord columns come along and the order
+        # is checked below.
+        row = conn.execute(
+            "SELECT count(*), group_concat(rid), group_concat(ord), group_concat(node_id, char(31)), "
+            "group_concat(ixs, ','), CAST(group_concat(ixb, '') AS BLOB), CAST(group_concat(jz, '') AS BLOB), "
+            "group_concat(length(jz)) "
+            "FROM (SELECT rid, ord, node_id, ixs, ixb, jz FROM nodes WHERE chat_id = ? ORDER BY ord, rid)",
+            (chat_id,),
+        ).fetchone()
+        n = int(row[0])
+        if not n:
+            empty = np.zeros(0, dtype=np.int64)
+            return [], empty, NodeIndexTable.from_packed([], []), PackedTexts(()), np.zeros((0, 0), np.float32)
+        rid_text, ord_text, id_text, strings, packed, jz, jz_lengths = row[1:]
+        rids = _int_list(rid_text, n, "node rowids")
+        ords = _int_list(ord_text, n, "node order")
+        if not _lex_sorted(ords, rids):
+            raise StoreError("corrupt nodes in the store: the node rows came out of order")
+        node_ids = id_text.split("\x1f")
+        if len(node_ids) != n:
+            raise StoreError("corrupt nodes in the store: a node id holds a control character")
+        try:
+            table = NodeIndexTable.from_joined(packed or b"", strings or "", n)
+        except ValueError as exc:
+            raise StoreError(f"corrupt node index in the store: {exc}") from exc
+        lengths = _int_list(jz_lengths, n, "node JSON")
+        blob = jz or b""
+        if bool((lengths <= 0).any()) or int(lengths.sum()) != len(blob):
+            raise StoreError("corrupt nodes in the store: compressed node JSON of the wrong size")
+        ends = np.cumsum(lengths)
+        if not bool((np.frombuffer(blob, np.uint8)[ends - lengths] == 1).all()):  # the format byte of each
+            raise StoreError("corrupt nodes in the store: a compressed node JSON has an unknown format")
+        del row, rid_text, ord_text, id_text, strings, packed, jz, jz_lengths, lengths
+        matrix = self._snapshot_vectors(chat_id, model_id, node_ids)
+        return node_ids, rids, table, PackedTexts(BlobSlices(blob, ends)), matrix
+
+    def _snapshot_vectors(self, chat_id: str, model_id: str, node_ids: list[str]) -> np.ndarray:
+        """The (n × d) float32 matrix of the chat's ``model_id`` vectors in ``node_ids`` order (zero rows where a
+        node has none; ``zeros((0, 0))`` when no node has one), filled chunk by chunk."""
+        conn = self._conn
         first = conn.execute(
             "SELECT dim FROM embeddings WHERE chat_id = ? AND model_id = ? LIMIT 1", (chat_id, model_id)
         ).fetchone() if model_id else None
         d = int(first[0]) if first is not None else 0
-        matrix = np.zeros((n, d) if d else (0, 0), dtype=np.float32)
-        node_ids: list[str] = []
-        rids = np.zeros(n, dtype=np.int64)
-        index_tables: list[NodeIndexTable] = []
-        texts: list[bytes] = []
+        if not d:
+            return np.zeros((0, 0), dtype=np.float32)
+        n = len(node_ids)
+        matrix = np.zeros((n, d), dtype=np.float32)
+        position = dict(zip(node_ids, range(n), strict=True))
+        # The chat's vectors in storage order, placed by node id: no join with the nodes table (a third of the
+        # read's time at 100k nodes); a vector whose node is not in the chat is ignored, as the join did.
         cursor = conn.execute(
-            "SELECT n.rid, n.node_id, n.ixb, n.ixs, n.jz, e.dim, e.vector FROM nodes n LEFT JOIN embeddings e "
-            "ON e.chat_id = n.chat_id AND e.node_id = n.node_id AND e.model_id = ? "
-            "WHERE n.chat_id = ? ORDER BY n.ord, n.rid",
-            (model_id, chat_id),
+            "SELECT node_id, dim, vector FROM embeddings WHERE chat_id = ? AND model_id = ?", (chat_id, model_id)
         )
         what = f"embeddings of {model_id!r}"
         while rows := cursor.fetchmany(_SNAPSHOT_CHUNK):
-            start = len(node_ids)
-            rid, ids, packed, strings, jsons, dims, blobs = zip(*rows, strict=True)
-            if start + len(ids) > n:
-                raise StoreError("corrupt nodes in the store: the node count changed during a read")
-            node_ids.extend(ids)
-            rids[start : start + len(ids)] = rid
-            # Decoded per chunk: the index values of the whole chat never exist at once as Python objects.
-            try:
-                index_tables.append(NodeIndexTable.from_packed(packed, strings))
-            except ValueError as exc:
-                raise StoreError(f"corrupt node index in the store: {exc}") from exc
-            if not all(blob[:1] == b"\x01" for blob in jsons):
-                raise StoreError("corrupt nodes in the store: a compressed node JSON has an unknown format")
-            texts.extend(jsons)
-            del rid, packed, strings, jsons
-            if not d:
-                continue
-            have = [k for k, blob in enumerate(blobs) if blob is not None]
-            if not have:
-                continue
-            present = [blobs[k] for k in have]
-            if {dims[k] for k in have} != {d} or {len(blob) for blob in present} != {4 * d}:
+            ids, dims, blobs = zip(*rows, strict=True)
+            if set(dims) != {d} or set(map(len, blobs)) != {4 * d}:
                 raise StoreError(f"corrupt {what} in the store: vector sizes differ")
+            at = np.fromiter(map(position.get, ids, itertools.repeat(-1)), dtype=np.int64, count=len(ids))
+            vectors = np.frombuffer(b"".join(blobs), "<f4").reshape(-1, d)
+            del rows, ids, dims, blobs
+            keep = at >= 0
             # One chunk-sized join, copied into place: the full matrix is never built twice.
-            matrix[np.asarray(have, dtype=np.int64) + start] = np.frombuffer(b"".join(present), "<f4").reshape(-1, d)
-        if len(node_ids) != n:
-            raise StoreError("corrupt nodes in the store: the node count changed during a read")
-        table = NodeIndexTable.concat(index_tables) if index_tables else NodeIndexTable.from_packed([], [])
-        return node_ids, rids, table, PackedTexts(texts), matrix
+            matrix[at[keep]] = vectors if keep.all() else vectors[keep]
+        return matrix
 
     def _snapshot_edges(self, chat_id: str, rids: np.ndarray) -> EdgeColumns:
         """The chat's edges in edge-list order as columns, endpoints as positions in node order (``rids`` holds
         the node rowids in that order; −1 for an end that is not a node of the chat)."""
-        cursor = self._conn.execute(
-            "SELECT edge_id, relation, eb FROM edges WHERE chat_id = ? ORDER BY ord, rowid", (chat_id,)
-        )
-        edge_ids: list[JoinedStrings] = []
-        relation: list[str] = []
-        parts: list[np.ndarray] = []
-        while rows := cursor.fetchmany(_SNAPSHOT_CHUNK):
-            eid, rel, packed = zip(*rows, strict=True)
-            edge_ids.append(JoinedStrings.of(eid))  # compact: ~10 bytes per id instead of a str object
-            relation.extend(map(sys.intern, rel))  # a few distinct words: one string object each
-            joined = b"".join(packed)
-            if set(map(len, packed)) != {PACKED_EDGE.size}:
-                raise StoreError("corrupt edges in the store: packed edge columns of the wrong size")
-            parts.append(np.frombuffer(joined, PACKED_EDGE_DTYPE))
-        if not parts:
+        # One row of concatenations, as for the nodes (edge ids hold no control characters; a relation word that
+        # holds the separator is caught by the count check).
+        row = self._conn.execute(
+            "SELECT count(*), group_concat(rowid), group_concat(ord), group_concat(edge_id, char(31)), "
+            "group_concat(relation, char(31)), CAST(group_concat(eb, '') AS BLOB) "
+            "FROM (SELECT rowid, ord, edge_id, relation, eb FROM edges WHERE chat_id = ? ORDER BY ord, rowid)",
+            (chat_id,),
+        ).fetchone()
+        m = int(row[0])
+        if not m:
             return EdgeColumns.empty()
-        rec = np.concatenate(parts)
-        del parts
+        rowid_text, ord_text, id_text, relation_text, packed = row[1:]
+        if not _lex_sorted(_int_list(ord_text, m, "edge order"), _int_list(rowid_text, m, "edge rowids")):
+            raise StoreError("corrupt edges in the store: the edge rows came out of order")
+        try:
+            edge_ids = JoinedStrings.split(id_text, "\x1f", m)  # compact: ~10 bytes per id, no str objects
+        except ValueError as exc:
+            raise StoreError(f"corrupt edges in the store: an edge id holds a control character ({exc})") from exc
+        relation = relation_text.split("\x1f")
+        if len(relation) != m:  # a relation word holds the separator (allowed): read the column row by row
+            relation = [r for (r,) in self._conn.execute(
+                "SELECT relation FROM edges WHERE chat_id = ? ORDER BY ord, rowid", (chat_id,)
+            )]
+        # A few distinct words: one string object each.
+        interned = {word: sys.intern(word) for word in set(relation)}
+        relation = list(map(interned.__getitem__, relation))
+        if packed is None or len(packed) != m * PACKED_EDGE.size:
+            raise StoreError("corrupt edges in the store: packed edge columns of the wrong size")
+        rec = np.frombuffer(packed, PACKED_EDGE_DTYPE)
         position = _rid_positions(rids)
         return EdgeColumns(
-            JoinedStrings.concat(edge_ids), position(rec["src"]), position(rec["dst"]), relation,
+            edge_ids, position(rec["src"]), position(rec["dst"]), relation,
             rec["strength"].copy(), rec["edge_type"].copy(), rec["invalid_at"].copy(), rec["expired_at"].copy(),
         )
 
@@ -1008,6 +1046,23 @@ class StoreReader:
         if not term_list:
             return []
         return _bm25_read_index(self._conn, chat_id, stem).query(term_list, limit)
+
+
+def _int_list(text: str | None, count: int, what: str) -> np.ndarray:
+    """The ``count`` integers of a ``group_concat`` of integers, as an int64 array."""
+    try:  # numpy's text parser: no str object per value
+        values = np.fromstring(text, dtype=np.int64, sep=",") if text else np.zeros(0, np.int64)
+    except ValueError as exc:
+        raise StoreError(f"corrupt {what} in the store: {exc}") from exc
+    if values.size != count:
+        raise StoreError(f"corrupt {what} in the store: {values.size} values for {count} rows")
+    return values
+
+
+def _lex_sorted(major: np.ndarray, minor: np.ndarray) -> bool:
+    """Whether the pairs ``(major[i], minor[i])`` are in ascending order."""
+    dm = np.diff(major)
+    return bool((dm >= 0).all() and ((dm > 0) | (np.diff(minor) > 0)).all())
 
 
 def _rid_positions(rids: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:

@@ -17,6 +17,7 @@ from memory_recall.errors import StoreError
 from memory_recall.model import Edge, KnowledgeOwner, KnowledgeState, MemoryGraph, Node
 from memory_recall.store import Store
 from memory_recall.store.snapshot import (
+    BlobSlices,
     EdgeColumns,
     EdgeRow,
     GraphSnapshot,
@@ -276,3 +277,89 @@ def test_corrupt_packed_columns_are_a_store_error(tmp_path: Path, corruption: st
     conn.close()
     with Store(tmp_path / "snap.sqlite3") as store, pytest.raises(StoreError, match="corrupt"):
         store.snapshot_source(CHAT, MODEL)
+
+
+def test_joined_strings_split_take_and_concat() -> None:
+    items = ["e1", "", "ü😀", "x" * 300, "last"]
+    joined = JoinedStrings.split("\x1f".join(items), "\x1f", len(items))
+    assert list(joined) == items and joined == items and len(joined) == 5 and joined[-1] == "last"
+    assert joined[1:4] == items[1:4]
+    picked = joined.take(np.array([4, 0, 2, 2]))
+    assert list(picked) == ["last", "e1", "ü😀", "ü😀"] and picked[3] == "ü😀"
+    assert list(picked.take([1])) == ["e1"]
+    both = JoinedStrings.concat([picked, JoinedStrings.of(["a", "bc"])])
+    assert list(both) == ["last", "e1", "ü😀", "ü😀", "a", "bc"] and both[4] == "a"
+    assert list(JoinedStrings.split("", "\x1f", 0)) == [] and list(JoinedStrings.split("", "\x1f", 1)) == [""]
+    with pytest.raises(ValueError, match="expected 3 strings, got 2"):
+        JoinedStrings.split("a\x1fb", "\x1f", 3)
+    with pytest.raises(IndexError):
+        joined.take([5])
+    with pytest.raises(IndexError):
+        picked[4]
+
+
+def test_blob_slices_and_packed_texts_over_one_blob() -> None:
+    texts = ['{"a":1}', "ü" * 40, "{}"]
+    blobs = [compress_text(t) for t in texts]
+    ends = np.cumsum([len(b) for b in blobs])
+    slices = BlobSlices(b"".join(blobs), ends)
+    assert len(slices) == 3 and list(slices) == blobs and slices[-1] == blobs[-1] and slices[:2] == blobs[:2]
+    assert list(PackedTexts(slices)) == texts and PackedTexts(slices).replaced({0: "x"})[0] == "x"
+    with pytest.raises(IndexError):
+        slices[3]
+
+
+def test_joined_index_rows_equal_packed_rows() -> None:
+    graph, _ = _graph(12)
+    rows = [node_index(nd) for nd in graph.nodes]
+    blobs, strings = [r.to_packed() for r in rows], [r.strings_json() for r in rows]
+    table = NodeIndexTable.from_joined(b"".join(blobs), ",".join(strings), len(rows))
+    assert list(table) == rows
+    assert list(NodeIndexTable.from_joined(b"", "", 0)) == []
+    with pytest.raises(ValueError, match="wrong size"):
+        NodeIndexTable.from_joined(b"".join(blobs)[:-1], ",".join(strings), len(rows))
+    with pytest.raises(ValueError, match="12 packed index rows but 11 string rows"):
+        NodeIndexTable.from_joined(b"".join(blobs), ",".join(strings[:-1]), len(rows))
+    with pytest.raises(ValueError, match="not JSON"):
+        NodeIndexTable.from_joined(b"".join(blobs), ",".join(strings)[:-1], len(rows))
+
+
+def test_two_chats_and_a_relation_holding_the_separator(tmp_path: Path) -> None:
+    """Each chat's snapshot reads only its own nodes, edges and vectors (the same node ids in both chats), and
+    relation words holding the read's separator character are read as they are."""
+    graph, vectors = _graph(20)
+    odd = tuple(e.model_copy(update={"relation": "a\x1fb"}) if k % 4 == 0 else e for k, e in enumerate(graph.edges))
+    graph = graph.model_copy(update={"edges": odd})
+    other, other_vectors = _graph(15)
+    other_vectors = {k: v * 2 + 1 for k, v in other_vectors.items()}
+    with _store(tmp_path, graph, vectors) as store:
+        with store.write("other") as w:
+            w.replace_graph(other)
+            w.put_embeddings(MODEL, other_vectors)
+        for chat, vec in ((CHAT, vectors), ("other", other_vectors)):
+            snap = build_snapshot(store.snapshot_source(chat, MODEL), now_ms=NOW)
+            expected = snapshot_from_graph(store.load_graph(chat), now_ms=NOW, embeddings=vec, model_id=MODEL)
+            assert _differences(snap, expected) == []
+            assert snap.n == (20 if chat == CHAT else 15)
+            assert ("a\x1fb" in snap.edge_relation) == (chat == CHAT)
+
+
+def test_gc_paused_restores_the_collector_state() -> None:
+    import gc
+
+    from memory_recall.store.snapshot import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # a process that turned it off keeps it off
+    finally:
+        gc.enable()
