@@ -215,6 +215,15 @@ class _Plan(_Scene):
             for k in range(lo, min(hi, self.edge_src.size))
         ]
 
+    def write_state(self, store: Any, chat_id: str) -> None:
+        """Write :meth:`state` (knowledge, regions, timeline, history) into ``chat_id`` of ``store``."""
+        state = self.state()
+        with store.write(chat_id) as w:
+            w.set_knowledge(state["knowledge"])
+            w.set_regions(state["regions"])
+            w.set_timeline(state["timeline"])
+            w.set_history(state["history"])
+
     def state(self) -> dict[str, Any]:
         from memory_recall.model.state import (
             HistoryState,
@@ -369,12 +378,7 @@ def write_graph(n: int, path: Path, *, chunk: int = 5000) -> dict[str, Any]:
         for lo, hi in _chunks(n, 4 * chunk):
             with store.write(CHAT) as w:
                 w.put_embeddings(LOCAL_MODEL_ID, [(plan.node_id(i), plan.vectors[i], "") for i in range(lo, hi)])
-        state = plan.state()
-        with store.write(CHAT) as w:
-            w.set_knowledge(state["knowledge"])
-            w.set_regions(state["regions"])
-            w.set_timeline(state["timeline"])
-            w.set_history(state["history"])
+        plan.write_state(store, CHAT)
     return {"edges": int(plan.edge_src.size), "ingest_nodes_per_s": round(n / ingest_s, 1)}
 
 

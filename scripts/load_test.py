@@ -90,12 +90,7 @@ def build_chat(data_dir: Path, n: int, *, log: Any = print) -> dict[str, Any]:
                 edges = [Edge.model_validate(e) for e in plan.edges(lo, lo + 8000)]
                 with store.write(CHAT) as w:
                     w.upsert_edges(edges)
-            state = plan.state()
-            with store.write(CHAT) as w:
-                w.set_knowledge(state["knowledge"])
-                w.set_regions(state["regions"])
-                w.set_timeline(state["timeline"])
-                w.set_history(state["history"])
+            plan.write_state(store, CHAT)
         out["graph_write_s"] = round(time.perf_counter() - start, 1)
         start = time.perf_counter()
         last = [0.0]

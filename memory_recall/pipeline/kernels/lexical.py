@@ -141,7 +141,10 @@ def lexical_units(text: object, *, reference: bool = False) -> list[str]:
 
 
 @dataclass(frozen=True)
-class _Source:
+class PreparedField:
+    """One text normalised once — a node field (:func:`prepare_field`) or a query source
+    (:func:`prepare_sources`): text, JS length and unit set."""
+
     text: str
     length: int
     units: frozenset[str]
@@ -151,7 +154,7 @@ class _Source:
 class LexicalSources:
     """Normalised lexical query sources with their units, computed once per recall."""
 
-    items: tuple[_Source, ...]
+    items: tuple[PreparedField, ...]
     reference: bool = False
 
     @functools.cached_property
@@ -175,17 +178,8 @@ def prepare_sources(sources: Sequence[str] | LexicalSources, *, reference: bool 
     for src in sources:
         s = _normalise(src, reference)
         if s:
-            items.append(_Source(s, js_len(s), frozenset(_units_of_normalised(s, reference))))
+            items.append(PreparedField(s, js_len(s), frozenset(_units_of_normalised(s, reference))))
     return LexicalSources(tuple(items), reference)
-
-
-@dataclass(frozen=True)
-class PreparedField:
-    """One node field normalised once: text, JS length and unit set (:func:`prepare_field`)."""
-
-    text: str
-    length: int
-    units: frozenset[str]
 
 
 @dataclass(frozen=True)
