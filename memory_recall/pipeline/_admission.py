@@ -140,7 +140,9 @@ def rows_of(state: RecallState, idx: np.ndarray) -> np.ndarray:
     if idx.size == 0 or len(table) == 0:
         return out
     order, sorted_idx = _sorted_table(table)
-    pos = np.clip(np.searchsorted(sorted_idx, idx), 0, sorted_idx.size - 1)
+    # searchsorted never returns a negative position: only the upper end needs capping (np.minimum is a ufunc
+    # call; np.clip's Python wrapper costs more than the search on these small arrays).
+    pos = np.minimum(np.searchsorted(sorted_idx, idx), sorted_idx.size - 1)
     found = sorted_idx[pos] == idx
     out[found] = order[pos[found]]
     return out

@@ -84,7 +84,9 @@ Departures (recall-spec)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import threading
+import weakref
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,7 +136,10 @@ _EVENT = TYPE_CODE["event"]
 _POV = TYPE_CODE["pov_memory"]
 _CHARACTER = TYPE_CODE["character"]
 _LOCATION = TYPE_CODE["location"]
-_EVENT_NEIGHBOR_CODES = np.array([TYPE_CODE[t] for t in EVENT_NEIGHBOR_TYPES], dtype=np.int16)
+#: Type code → is an event neighbour type (a table gather instead of np.isin on a handful of neighbours). One
+#: extra False slot at the end: the snapshot codes an unknown type −1, which indexes it.
+_EVENT_NEIGHBOR_MASK = np.zeros(max(TYPE_CODE.values()) + 2, dtype=bool)
+_EVENT_NEIGHBOR_MASK[[TYPE_CODE[t] for t in EVENT_NEIGHBOR_TYPES]] = True
 
 
 def scene_context(context: ContextInfo) -> ContextInfo:
@@ -250,6 +255,40 @@ def _catalog_aliases(state: RecallState) -> list[tuple[str, str, list[tuple[str,
     return out
 
 
+#: Catalog aliases and participant matches kept per snapshot (weak keys); emptied past this many entries.
+MAX_PARTICIPANT_MEMO = 50_000
+_PARTICIPANTS: weakref.WeakKeyDictionary[GraphSnapshot, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
+_PARTICIPANTS_LOCK = threading.Lock()
+
+
+def _participant_memo(snapshot: GraphSnapshot) -> dict[Hashable, Any]:
+    """Per snapshot: ``("catalog", owner_catalog)`` → :func:`_catalog_aliases`, ``(owner_catalog, i)`` →
+    :func:`_participant_matches`. Both read only the snapshot and the catalog, so the top scored nodes a scene
+    keeps finding are matched once (racing threads store equal values)."""
+    with _PARTICIPANTS_LOCK:
+        memo = _PARTICIPANTS.get(snapshot)
+        if memo is None or len(memo) >= MAX_PARTICIPANT_MEMO:
+            memo = _PARTICIPANTS[snapshot] = {}
+        return memo
+
+
+def _participant_matches(
+    snapshot: GraphSnapshot, i: int, catalog: list[tuple[str, str, list[tuple[str, str]]]]
+) -> tuple[tuple[str, str, str], ...]:
+    """``(owner key, owner name, alias)`` of each catalog owner named in node ``i``'s participant text, by its
+    first (longest) alias that occurs, in catalog order."""
+    text = _participant_text(snapshot, i)
+    if not text:
+        return ()
+    found = []
+    for key, name, aliases in catalog:
+        for alias, folded in aliases:
+            if term_occurs(text, folded):
+                found.append((key, name, alias))
+                break
+    return tuple(found)
+
+
 def scene_owner_candidates(state: RecallState, selection: SelectionSettings) -> tuple[OwnerCandidate, ...]:
     """Preliminary candidates merged with those derived from the top scored rows (see the module docstring).
     O(min(len(scored), max(llmPool, 12)) × catalog owners)."""
@@ -266,7 +305,10 @@ def scene_owner_candidates(state: RecallState, selection: SelectionSettings) -> 
     snap = state.snapshot
     table = state.scored
     limit = min(len(table), max(llm_pool_size(selection), CANDIDATE_SCAN_MIN))
-    catalog = _catalog_aliases(state) if limit else []
+    memo = _participant_memo(snap)
+    catalog_key = ("catalog", state.context.owner_catalog)
+    catalog = (memo[catalog_key] if catalog_key in memo else memo.setdefault(catalog_key, _catalog_aliases(state))) \
+        if limit else []
     for r in range(limit):
         i = int(table.index[r])
         w = float(table.weighted_score[r])
@@ -277,15 +319,13 @@ def scene_owner_candidates(state: RecallState, selection: SelectionSettings) -> 
             continue
         if not catalog:
             continue
-        text = _participant_text(snap, i)
-        if not text:
-            continue
-        for key, name, aliases in catalog:
-            for alias, folded in aliases:
-                if term_occurs(text, folded):
-                    score = PARTICIPANT_BASE + min(PARTICIPANT_CAP, w / PARTICIPANT_DIVISOR)
-                    add(key, name, score, "objective-participant", f"participant:{alias}")
-                    break
+        match_key = (state.context.owner_catalog, i)
+        matches = memo.get(match_key)
+        if matches is None:
+            matches = memo[match_key] = _participant_matches(snap, i, catalog)
+        for key, name, alias in matches:
+            score = PARTICIPANT_BASE + min(PARTICIPANT_CAP, w / PARTICIPANT_DIVISOR)
+            add(key, name, score, "objective-participant", f"participant:{alias}")
     for cand in merged.values():
         cand.score = round(cand.score, 9)  # sums of reference constants without binary noise
     ordered = sorted(merged.values(), key=lambda c: (-c.score, c.name, c.key))
@@ -514,14 +554,15 @@ class OwnerStage(TimedStage):
         snap = state.snapshot
         out: list[int] = []
         seen: set[int] = set()
-        admit_cache: dict[int, bool] = {}
+        # Verdict of each node judged in this reconstruction: -1 not judged yet, else 0/1. Admission is per node,
+        # so an array indexed by node (vectorised gathers) gives the same verdicts as judging every call afresh.
+        admit_cache = np.full(snap.n, -1, dtype=np.int8)
 
         def admit(idx: np.ndarray) -> np.ndarray:
-            todo = np.array([i for i in idx.tolist() if i not in admit_cache], dtype=np.int64)
+            todo = idx[admit_cache[idx] < 0]
             if todo.size:
-                for i, ok in zip(todo.tolist(), self._admit(state, todo).tolist(), strict=True):
-                    admit_cache[i] = bool(ok)
-            return np.array([admit_cache[i] for i in idx.tolist()], dtype=bool)
+                admit_cache[todo] = self._admit(state, todo)
+            return admit_cache[idx] == 1
 
         def add(i: int, origin: str) -> bool:
             if len(out) >= limit or i in seen or bool(snap.archived[i]):
@@ -585,7 +626,7 @@ class OwnerStage(TimedStage):
 
         def expand_event(e: int) -> None:
             nb = self._neighbours(snap, e)
-            nb = nb[np.isin(snap.type_code[nb], _EVENT_NEIGHBOR_CODES)]
+            nb = nb[_EVENT_NEIGHBOR_MASK[snap.type_code[nb]]]
             for j in nb[admit(nb)].tolist():
                 add(j, "scene-reconstruction")
             for j in nearest_events(e):

@@ -68,7 +68,10 @@ Departures (recall-spec)
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+import math
+import threading
+import weakref
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -355,36 +358,28 @@ def scope_buckets(
     if m == 0:
         return np.zeros(0, dtype=object)
     arrays = _snapshot_arrays(snapshot)
-    chars, users = _owner_names(context)
+    scene = _scene_codes(snapshot, arrays, context, cfg.enable_region_scoped_objective)
     pov = snapshot.is_pov[idx]
     otype = snapshot.owner_type_code[idx]
     keys = arrays.owner_key_code[idx]
     names = arrays.owner_name_code[idx]
 
-    def codes(values: Sequence[str]) -> list[int]:
-        # Codes of the strings numpy would compare (converted to a numpy string array); a string no node holds
-        # has no code and matches nothing.
-        vocab = arrays.vocab
-        return sorted(vocab[v] for v in set(np.asarray(values, dtype=str).tolist()) if v in vocab)
-
-    def owned_by(code: int, kind: str, owners: list[str]) -> np.ndarray:
-        if not owners:
+    def owned_by(code: int, owners: tuple[list[int], list[int]] | None) -> np.ndarray:
+        if owners is None:
             return np.zeros(m, dtype=bool)
-        hit = _equals_any(keys, codes([f"{kind}:{o}" for o in owners])) | _equals_any(names, codes(owners))
+        hit = _equals_any(keys, owners[0]) | _equals_any(names, owners[1])
         return (otype == code) & hit
 
-    char_pov = owned_by(1, "character", chars)
-    user_pov = owned_by(2, "user", users)
+    char_pov = owned_by(1, scene.chars)
+    user_pov = owned_by(2, scene.users)
 
-    active = context.active_region.strip().lower()
-    adjacent = sorted({a.strip().lower() for a in context.adjacent_regions} - {""})
-    region_on = cfg.enable_region_scoped_objective and bool(active)
+    region_on = scene.region_on
     current = np.zeros(m, dtype=bool)
     near = np.zeros(m, dtype=bool)
     if region_on:
         primary = arrays.region_primary_code[idx]
-        active_codes = codes([active])
-        adjacent_codes = codes(adjacent) if adjacent else []
+        active_codes = scene.active
+        adjacent_codes = scene.adjacent
         current = _equals_any(primary, active_codes)
         near = _equals_any(primary, adjacent_codes)
         tokens, row = _gather_tokens(arrays, idx)
@@ -395,13 +390,77 @@ def scope_buckets(
         pov & (not cfg.enable_pov_memory),
         pov & char_pov,
         pov & user_pov,
-        pov & (otype == 2) & (not users),
+        pov & (otype == 2) & (scene.users is None),
         pov,
         np.full(m, not region_on),
         current,
         near,
     ]
     return _SCOPE_CHOICES[_first_match(conditions, m)]
+
+
+@dataclass(frozen=True)
+class _SceneCodes:
+    """Vocabulary codes of what one scene compares against (``scope_buckets``): ``(owner-key codes, owner-name
+    codes)`` of the character and user owners (None when the scene has none), whether the region is on, and the
+    codes of the active and adjacent regions."""
+
+    chars: tuple[list[int], list[int]] | None
+    users: tuple[list[int], list[int]] | None
+    region_on: bool
+    active: list[int]
+    adjacent: list[int]
+
+
+#: Scene codes kept per snapshot (weak keys: they die with it); emptied past this many scenes.
+MAX_SCENES_PER_SNAPSHOT = 64
+_SCENES: weakref.WeakKeyDictionary[GraphSnapshot, dict[Hashable, _SceneCodes]] = weakref.WeakKeyDictionary()
+_SCENES_LOCK = threading.Lock()
+
+
+def _scene_codes(
+    snapshot: GraphSnapshot, arrays: _SnapshotArrays, context: ContextInfo, region_scoped: bool
+) -> _SceneCodes:
+    """The :class:`_SceneCodes` of ``context`` on ``snapshot``. A recall classifies several node sets of one scene
+    (scoring, admission, owners, result): the owner names and their codes are derived once per scene (the
+    fields read here, compared by value) instead of once per call."""
+    key = (
+        context.owner_keys, context.owner_mode, context.active_character_pov_owner, context.active_user_pov_owner,
+        context.active_region, tuple(context.adjacent_regions), bool(region_scoped),
+    )
+    with _SCENES_LOCK:
+        found = _SCENES.get(snapshot, {}).get(key)
+    if found is not None:
+        return found
+    vocab = arrays.vocab
+
+    def codes(values: Sequence[str]) -> list[int]:
+        # Codes of the strings numpy would compare (converted to a numpy string array); a string no node holds
+        # has no code and matches nothing.
+        return sorted(vocab[v] for v in set(np.asarray(values, dtype=str).tolist()) if v in vocab)
+
+    def owner_codes(kind: str, owners: list[str]) -> tuple[list[int], list[int]] | None:
+        return (codes([f"{kind}:{o}" for o in owners]), codes(owners)) if owners else None
+
+    chars, users = _owner_names(context)
+    active = context.active_region.strip().lower()
+    adjacent = sorted({a.strip().lower() for a in context.adjacent_regions} - {""})
+    region_on = region_scoped and bool(active)
+    scene = _SceneCodes(
+        chars=owner_codes("character", chars),
+        users=owner_codes("user", users),
+        region_on=region_on,
+        active=codes([active]) if region_on else [],
+        adjacent=codes(adjacent) if region_on and adjacent else [],
+    )
+    with _SCENES_LOCK:
+        per = _SCENES.get(snapshot)
+        if per is None:
+            per = _SCENES[snapshot] = {}
+        if len(per) >= MAX_SCENES_PER_SNAPSHOT:
+            per.clear()
+        per[key] = scene
+    return scene
 
 
 #: ``scope_buckets``' bucket per condition, then the default (index ``len(conditions)``).
@@ -624,16 +683,13 @@ def knowledge_gate(
     pov = snapshot.is_pov[idx]
     objective = ~pov
     current = bucket == "objectiveCurrentRegion"
-    threshold = np.select(
-        [pov, current, bucket == "objectiveAdjacentRegion", bucket == "objectiveGlobal"],
-        [
-            _THRESHOLD_POV,
-            _THRESHOLD_CURRENT,
-            _THRESHOLD_ADJACENT,
-            0.0 if inject_low_confidence else _THRESHOLD_GLOBAL,
-        ],
-        default=_THRESHOLD_OTHER,
-    )
+    # First matching condition wins (as np.select, whose fixed cost dominates for the few hundred nodes of a
+    # recall): assign from the last condition to the first.
+    threshold = np.full(m, _THRESHOLD_OTHER)
+    threshold[bucket == "objectiveGlobal"] = 0.0 if inject_low_confidence else _THRESHOLD_GLOBAL
+    threshold[bucket == "objectiveAdjacentRegion"] = _THRESHOLD_ADJACENT
+    threshold[current] = _THRESHOLD_CURRENT
+    threshold[pov] = _THRESHOLD_POV
     strong = (
         (raw >= _RESCUE_VECTOR)
         | (lexical >= _RESCUE_LEXICAL)
@@ -669,11 +725,12 @@ def knowledge_gate(
     neutral = early | ~has[:, None]  # early returns and missing entries report visibility 0, threshold 0
     vis_o = np.where(neutral, 0.0, vis_o)
     thr_o = np.where(neutral, 0.0, thr_o)
-    mode_o = np.select(
-        [~has[:, None] & np.ones((k, m), dtype=bool), hidden, mistaken, manual, anchored, rescued, visible_o],
-        [_NO_OWNER, _HIDDEN, _MISTAKEN, _MANUAL, _ANCHORED, _RESCUED, _SOFT],
-        default=_SUPPRESSED,
-    )
+    # First matching condition wins: no entry, hidden, mistaken, manual, anchored, rescued, soft, else suppressed.
+    mode_o = np.full((k, m), _SUPPRESSED, dtype=np.int64)
+    for cond, code in ((visible_o, _SOFT), (rescued, _RESCUED), (anchored, _ANCHORED), (manual, _MANUAL),
+                       (mistaken, _MISTAKEN), (hidden, _HIDDEN)):
+        mode_o[cond] = code
+    mode_o[~has] = _NO_OWNER
 
     visible = visible_o.any(axis=0)
     cols = np.arange(m)
@@ -794,7 +851,9 @@ def explain_row(
     )
     # The multiplier product is only needed for a part whose value is 0 (its weight cannot be read off the
     # contribution): computed then, once.
-    scale = float(np.prod(list(multipliers.values()))) if min(values) <= 0 else 1.0
+    # math.prod multiplies left to right like np.prod's reduce over five floats (same result), without its
+    # array round trip (a few µs per selected node).
+    scale = math.prod(multipliers.values()) if min(values) <= 0 else 1.0
     parts = []
     for name, value, w, contribution in zip(_PART_NAMES, values, raw_weights, table.parts[row].tolist(),
                                             strict=True):

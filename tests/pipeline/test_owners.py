@@ -227,6 +227,24 @@ class TestSceneOwnerCandidates:
             ("character:zed", 0.6, ("legacy-unique-match",)),
         ]
 
+    def test_participant_matches_follow_the_catalog_and_the_weights_on_one_snapshot(self):
+        """The participant matches are kept per snapshot and catalog; the scores still come from each recall's
+        weights, and a scene without the owner in its catalog gets no participant candidate."""
+        snap = snapshot(owners_graph())
+        with_ann = ContextInfo(owner_catalog=("character:ann",))
+
+        def participants(rows, ctx):
+            cands = scene_owner_candidates(scored_state(snap, rows, selection=["ev-1"], context=ctx),
+                                           SelectionSettings())
+            return [(c.owner_key, round(c.score, 6), c.reasons) for c in cands if "objective-participant" in c.sources]
+
+        for _ in range(2):
+            assert participants([("ev-1", 4.0)], with_ann) == [("character:ann", 1.3, ("participant:Ann",))]
+            assert participants([("ev-1", 4.0)], ContextInfo()) == []
+            # 0.9 + min(0.6, 1.0 / 10) for ev-1, + 0.9 + 0.2 for the user POV naming Ann
+            assert participants([("ev-1", 1.0), ("upov", 2.0)], with_ann) == [
+                ("character:ann", 2.1, ("participant:Ann",))]
+
     def test_only_the_top_rows_are_scanned(self):
         rows = [(f"ev-{k}", 1.0) for k in (3, 4)] + [("pov-a", 0.5)]
         state = owners_state(rows, [], pool=None)

@@ -285,6 +285,24 @@ class TestScenario19ScopeBuckets:
         assert _buckets(_scope_graph(), request)["p-lucia"] == "otherPov"
 
 
+    def test_scenes_on_one_snapshot_keep_their_own_buckets(self) -> None:
+        """The scene codes are kept per snapshot and scene: alternating scenes (and the region setting) on one
+        snapshot gives each scene its own buckets, never the previous scene's."""
+        snap = _scope_graph()
+        lucia = ContextInfo(owner_keys=("character:露西亚",), owner_mode="request", active_region="旧城区")
+        no_region = settings(context={"enable_region_scoped_objective": False}).context
+        for _ in range(2):
+            got = _buckets(snap, _SCENE)
+            assert (got["p-erin"], got["p-lucia"], got["o-cur"], got["o-adj"]) == (
+                "characterPov", "otherPov", "objectiveCurrentRegion", "objectiveAdjacentRegion")
+            got = _buckets(snap, lucia)
+            assert (got["p-erin"], got["p-lucia"], got["o-cur"], got["o-adj"], got["o-sec"]) == (
+                "otherPov", "characterPov", "objectiveGlobal", "objectiveCurrentRegion", "objectiveAdjacentRegion")
+            got = _buckets(snap, lucia, settings=no_region)
+            assert (got["p-lucia"], got["o-adj"], got["o-sec"]) == ("characterPov", "objectiveGlobal",
+                                                                    "objectiveGlobal")
+
+
 def _scenario_36():
     nodes = [
         make_node("obj-global", "event", importance=8, title="事件", scope=region_scope("旧城区")),
