@@ -178,13 +178,6 @@ class NodeIndex:
         )
 
     @classmethod
-    def many_from_json(cls, texts: Sequence[str]) -> NodeIndexTable:
-        """:meth:`from_json` of many rows with one JSON parse (the snapshot read of a large chat); the rows are
-        kept as columns and only become :class:`NodeIndex` objects when one is asked for."""
-        values = json.loads("[" + ",".join(texts) + "]") if texts else []
-        return NodeIndexTable.from_rows(values)
-
-    @classmethod
     def _from_values(cls, v: list[Any]) -> NodeIndex:
         regions, anchors, vis = v[12], v[13], v[16]
         return cls(
@@ -234,17 +227,6 @@ class NodeIndexTable(Sequence[NodeIndex]):
         self._exact = exact or {}
 
     @classmethod
-    def from_rows(cls, values: list[list[Any]]) -> NodeIndexTable:
-        """Columns of decoded :meth:`NodeIndex.to_json` rows."""
-        if not values:
-            return cls({name: () for name in _INDEX_FIELDS})
-        cols = dict(zip(_INDEX_FIELDS, zip(*values, strict=True), strict=True))
-        _decode_strings(cols)
-        for name in ("archived", "has_story_label", "has_span_label"):
-            cols[name] = tuple(map(bool, cols[name]))
-        return cls(cols)
-
-    @classmethod
     def from_packed(cls, blobs: Sequence[bytes], strings: Sequence[str]) -> NodeIndexTable:
         """Columns of rows stored as :meth:`NodeIndex.to_packed` blobs and :meth:`NodeIndex.strings_json` texts
         (one ``frombuffer`` for the numbers, one JSON parse for the strings). Wrong blob sizes → ``ValueError``."""
@@ -290,23 +272,6 @@ class NodeIndexTable(Sequence[NodeIndex]):
         cols["importance"] = rec["importance"].copy()
         cols["created_time"] = rec["created_time"].copy()
         return cls({name: cols[name] for name in _INDEX_FIELDS}, exact)
-
-    @classmethod
-    def concat(cls, tables: Sequence[NodeIndexTable]) -> NodeIndexTable:
-        """The rows of ``tables`` one after another (the store decodes a large chat chunk by chunk)."""
-        if len(tables) == 1:
-            return tables[0]
-        cols: dict[str, Any] = {}
-        for name in _INDEX_FIELDS:
-            parts = [t._cols[name] for t in tables]
-            if all(isinstance(p, np.ndarray) for p in parts):
-                cols[name] = np.concatenate(parts)
-            else:
-                cols[name] = tuple(itertools.chain.from_iterable(parts))
-        exact = {}
-        if all(t._exact for t in tables):
-            exact = {name: np.concatenate([t._exact[name] for t in tables]) for name in tables[0]._exact}
-        return cls(cols, exact)
 
     def __len__(self) -> int:
         return len(self._cols["type"])
@@ -459,17 +424,6 @@ class JoinedStrings(Sequence[str]):
         starts[0] = 0
         starts[1:] = cuts + 1
         return cls(text, ends, starts)
-
-    @classmethod
-    def concat(cls, parts: Sequence[JoinedStrings]) -> JoinedStrings:
-        if len(parts) == 1:
-            return parts[0]
-        offsets = np.cumsum([0] + [len(p._text) for p in parts[:-1]], dtype=np.int64)
-        ends = [p._ends + off for p, off in zip(parts, offsets.tolist(), strict=True)]
-        starts = [p._start_offsets() + off for p, off in zip(parts, offsets.tolist(), strict=True)]
-        if not ends:
-            return cls("", np.zeros(0, np.int64))
-        return cls("".join(p._text for p in parts), np.concatenate(ends), np.concatenate(starts))
 
     def _start_offsets(self) -> np.ndarray:
         if self._starts is not None:

@@ -22,7 +22,6 @@ from memory_recall.store.snapshot import (
     EdgeRow,
     GraphSnapshot,
     JoinedStrings,
-    NodeIndex,
     NodeIndexTable,
     PackedTexts,
     build_snapshot,
@@ -204,10 +203,8 @@ def test_vectors_of_different_sizes_are_a_store_error(tmp_path: Path, corruption
 def test_index_table_rows_equal_the_node_index_of_each_node() -> None:
     graph, _ = _graph(12)
     rows = [node_index(nd) for nd in graph.nodes]
-    texts = [r.to_json() for r in rows]
-    table = NodeIndex.many_from_json(texts)
-    joined = NodeIndexTable.concat([NodeIndex.many_from_json(texts[:5]), NodeIndex.many_from_json(texts[5:])])
-    assert list(table) == rows and list(joined) == rows
+    table = NodeIndexTable.from_packed([r.to_packed() for r in rows], [r.strings_json() for r in rows])
+    assert list(table) == rows
     assert table[-1] == rows[-1] and table[2:6] == rows[2:6]
     assert any(r.visibility for r in rows) and any(r.archived for r in rows)
     with pytest.raises(IndexError):
@@ -215,7 +212,7 @@ def test_index_table_rows_equal_the_node_index_of_each_node() -> None:
 
 
 def test_packed_index_rows_equal_the_node_index_of_each_node() -> None:
-    """``nodes.ixb`` / ``nodes.ixs`` decode to the same rows as the JSON form, chunk by chunk or at once."""
+    """``nodes.ixb`` / ``nodes.ixs`` decode to the node index of each node, extreme values included."""
     graph, _ = _graph(12)
     extra = Node(id="wide", type="event", seq=3, seq_range=(-1, 2**62), importance=0.125,
                  created_time=253_402_300_799_999, fields={"title": "Ünïcode \u2028 title", "visibility": ["a", "b"]})
@@ -223,9 +220,7 @@ def test_packed_index_rows_equal_the_node_index_of_each_node() -> None:
     rows = [node_index(nd) for nd in (*graph.nodes, open_ended, extra)]
     blobs, strings = [r.to_packed() for r in rows], [r.strings_json() for r in rows]
     table = NodeIndexTable.from_packed(blobs, strings)
-    joined = NodeIndexTable.concat([NodeIndexTable.from_packed(blobs[:5], strings[:5]),
-                                    NodeIndexTable.from_packed(blobs[5:], strings[5:])])
-    assert list(table) == rows and list(joined) == rows
+    assert list(table) == rows
     assert rows[-1].seq_end == 2**62 and table[-1].seq_end == 2**62 and table[-1].created_time == 253_402_300_799_999
     assert any(r.seq_start is None for r in rows) and any(r.visibility for r in rows)
     # The snapshot built from packed rows equals the one built from the rows themselves.
@@ -279,7 +274,7 @@ def test_corrupt_packed_columns_are_a_store_error(tmp_path: Path, corruption: st
         store.snapshot_source(CHAT, MODEL)
 
 
-def test_joined_strings_split_take_and_concat() -> None:
+def test_joined_strings_split_and_take() -> None:
     items = ["e1", "", "ü😀", "x" * 300, "last"]
     joined = JoinedStrings.split("\x1f".join(items), "\x1f", len(items))
     assert list(joined) == items and joined == items and len(joined) == 5 and joined[-1] == "last"
@@ -287,8 +282,6 @@ def test_joined_strings_split_take_and_concat() -> None:
     picked = joined.take(np.array([4, 0, 2, 2]))
     assert list(picked) == ["last", "e1", "ü😀", "ü😀"] and picked[3] == "ü😀"
     assert list(picked.take([1])) == ["e1"]
-    both = JoinedStrings.concat([picked, JoinedStrings.of(["a", "bc"])])
-    assert list(both) == ["last", "e1", "ü😀", "ü😀", "a", "bc"] and both[4] == "a"
     assert list(JoinedStrings.split("", "\x1f", 0)) == [] and list(JoinedStrings.split("", "\x1f", 1)) == [""]
     with pytest.raises(ValueError, match="expected 3 strings, got 2"):
         JoinedStrings.split("a\x1fb", "\x1f", 3)
