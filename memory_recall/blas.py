@@ -2,11 +2,12 @@
 
 OpenBLAS splits a matrix-vector product's rows among its threads without keeping its kernels' row alignment,
 so the float32 bits of e.g. ``E @ q`` change with the thread count (measured at 2,500–50,000 rows × 384). The
-vector prefilter's whole-graph product is already thread-invariant (:func:`~memory_recall.pipeline.
-vector_prefilter.query_similarities` always runs a GEMM); smaller products elsewhere (residual recall, the DPP
-kernel) are not. The service and the CLI therefore call :func:`pin_single_thread` at start; a Python caller
-who wants byte-identical results across machines calls it too. Recalls run concurrently on their own threads
-(and a recall's products are small), so one BLAS thread costs little throughput.
+vector prefilter's whole-graph product is already thread-invariant
+(:func:`~memory_recall.pipeline.vector_prefilter.query_similarities` runs it as small single-threaded GEMMs);
+smaller products elsewhere (residual recall, the DPP kernel) are not. The service and the CLI therefore call
+:func:`pin_single_thread` at start; a Python caller who wants byte-identical results across machines calls it
+too. Recalls run concurrently on their own threads (and a recall's products are small), so one BLAS thread
+costs little throughput.
 """
 
 from __future__ import annotations

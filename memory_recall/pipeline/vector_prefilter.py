@@ -111,20 +111,37 @@ def top_k_per_query(sims: np.ndarray, eligible: np.ndarray, k: int) -> list[tupl
     return out
 
 
-def query_similarities(embeddings: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """``queries @ embeddings.T`` (q × n, float32), every query in one product.
+#: Rows per product of :func:`query_similarities`, and the query-count multiple it pads to (see there).
+_SIM_BLOCK_ROWS = 128
+_SIM_QUERY_PAD = 4
 
-    Computed as ``(embeddings @ queries.T).T``: the same single-precision GEMM with the long node matrix as
-    the left operand, which OpenBLAS runs about 1.5× faster for a handful of queries and which gives the same
-    bits (checked for 2–8 queries at 1k–100k nodes). A single query is padded with a zero row: alone it would
-    be a GEMV, whose bits change with the number of BLAS threads (OpenBLAS splits its rows unaligned), while a
-    GEMM never splits the sum over the 384 dimensions, so the cosines are the same for any thread count.
+
+def query_similarities(embeddings: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """``queries @ embeddings.T`` (q × n, float32).
+
+    Computed block by block as ``embeddings[block] @ padded.T``, with the queries padded by zero rows to a
+    multiple of four and blocks of 128 node rows. Why this shape:
+
+    * a product this small takes OpenBLAS's single-threaded small-matrix path, which neither packs the node
+      matrix (a whole-graph GEMM writes a packed copy of it: 15 MB at 10k nodes, evicted from the cache by the
+      rest of the recall, so it costs a second pass through memory) nor splits the sum over the dimensions, so
+      the bits are the same for any BLAS thread count, alignment and number of queries (checked for 1–8
+      queries, 1 or 2 threads, 1k–100k nodes; ``tests/pipeline/test_vector_prefilter.py``);
+    * four query columns run the kernel's full width: three cost more than four;
+    * a single query alone would be a GEMV, whose bits change with the thread count.
+
+    About 1.7× faster than one whole-graph GEMM at 10k nodes with the cache cold (one BLAS thread).
     """
-    if queries.shape[0] == 1:
-        padded = np.zeros((2, queries.shape[1]), dtype=queries.dtype)
-        padded[0] = queries[0]
-        return np.ascontiguousarray((embeddings @ padded.T).T[:1])
-    return np.ascontiguousarray((embeddings @ queries.T).T)
+    q, dim = queries.shape
+    n = embeddings.shape[0]
+    padded = np.zeros((-(-q // _SIM_QUERY_PAD) * _SIM_QUERY_PAD, dim), dtype=np.float32)
+    padded[:q] = queries
+    right = padded.T
+    out = np.empty((n, padded.shape[0]), dtype=np.float32)
+    for start in range(0, n, _SIM_BLOCK_ROWS):
+        stop = start + _SIM_BLOCK_ROWS
+        np.matmul(embeddings[start:stop], right, out=out[start:stop])
+    return np.ascontiguousarray(out[:, :q].T)
 
 
 def merge_vector_hits(

@@ -278,11 +278,11 @@ class TestContract:
 
 
 @pytest.mark.parametrize("n", [2500, 10001])
-@pytest.mark.parametrize("q", [1, 2, 3])
+@pytest.mark.parametrize("q", [1, 2, 3, 5])
 def test_similarities_do_not_depend_on_the_blas_thread_count(n: int, q: int) -> None:
     """A single query used to be a GEMV, whose float32 bits differ between one and two OpenBLAS threads at these
-    sizes; every query count now gives the same bits for any thread count, and the padded single query equals
-    the exact float64 product to float32 precision."""
+    sizes; every query count now gives the same bits for any thread count, each query's row has the same bits
+    whatever the other queries are, and the result equals the exact float64 product to float32 precision."""
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(n + q)
@@ -290,9 +290,11 @@ def test_similarities_do_not_depend_on_the_blas_thread_count(n: int, q: int) -> 
     queries = rng.standard_normal((q, 384)).astype(np.float32)
     with threadpool_limits(1, user_api="blas"):
         one = query_similarities(emb, queries)
+        alone = [query_similarities(emb, queries[j : j + 1]) for j in range(q)]
     with threadpool_limits(2, user_api="blas"):
         two = query_similarities(emb, queries)
-    assert one.shape == (q, n) and one.dtype == np.float32
+    assert one.shape == (q, n) and one.dtype == np.float32 and one.flags.c_contiguous
     assert one.tobytes() == two.tobytes()
+    assert b"".join(a.tobytes() for a in alone) == one.tobytes()
     exact = queries.astype(np.float64) @ emb.astype(np.float64).T
     assert np.max(np.abs(one - exact)) < 1e-4
