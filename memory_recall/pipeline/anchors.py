@@ -32,6 +32,7 @@ Departures
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,14 +47,34 @@ from memory_recall.text.normalize import normalize_query
 __all__ = ["AnchorStage", "find_anchors"]
 
 
-def _folded_anchor_index(snapshot: GraphSnapshot) -> dict[str, tuple[int, ...]]:
-    """Folded anchor term → node indices (graph order, unique); once per snapshot."""
+@dataclass(frozen=True)
+class _FoldedAnchors:
+    """Per snapshot: folded anchor term → node indices (graph order, unique); for each two-character prefix of
+    a folded term, the lengths of the folded terms starting with it (descending); the one-character terms
+    (an astral character has JS length 2)."""
 
-    def build() -> dict[str, tuple[int, ...]]:
+    index: dict[str, tuple[int, ...]]
+    lengths_by_prefix: dict[str, tuple[int, ...]]
+    single: frozenset[str]
+
+
+def _folded_anchors(snapshot: GraphSnapshot) -> _FoldedAnchors:
+    """The snapshot's :class:`_FoldedAnchors`, built once per snapshot (one pass over the distinct terms)."""
+
+    def build() -> _FoldedAnchors:
         merged: dict[str, set[int]] = {}
         for term, nodes in snapshot.anchor_index.items():
             merged.setdefault(fold(term), set()).update(nodes)
-        return {k: tuple(sorted(v)) for k, v in merged.items()}
+        # fold() keeps lengths, so these are the snapshot's anchor_lengths restricted to each prefix's terms.
+        lengths: dict[str, set[int]] = {}
+        for term in merged:
+            if len(term) > 1:
+                lengths.setdefault(term[:2], set()).add(len(term))
+        return _FoldedAnchors(
+            index={k: tuple(sorted(v)) for k, v in merged.items()},
+            lengths_by_prefix={k: tuple(sorted(v, reverse=True)) for k, v in lengths.items()},
+            single=frozenset(term for term in merged if len(term) == 1),
+        )
 
     value, _ = cached(snapshot, ("anchors", "folded-index"), build)
     return value
@@ -64,14 +85,22 @@ def find_anchors(snapshot: GraphSnapshot, message: str, active: np.ndarray) -> l
     text = fold(normalize_query(message))
     if not text or not snapshot.anchor_index:
         return []
-    index = _folded_anchor_index(snapshot)
+    folded = _folded_anchors(snapshot)
+    index, lengths_by_prefix, single = folded.index, folded.lengths_by_prefix, folded.single
     matched: set[str] = set()
     size = len(text)
-    # fold() keeps lengths, so the snapshot's distinct term lengths are the folded ones.
-    for length in snapshot.anchor_lengths:
-        for start in range(size - length + 1):
-            piece = text[start : start + length]
-            if piece in index and piece not in matched and term_at_boundaries(text, start, start + length):
+    # Only the lengths of the terms sharing the two characters at ``start`` can match there, so each position
+    # costs one prefix lookup plus one lookup per such length (not one per distinct term length).
+    for start in range(size):
+        lengths = lengths_by_prefix.get(text[start : start + 2], ())
+        if single and text[start] in single:
+            lengths = (*lengths, 1)
+        for length in lengths:
+            end = start + length
+            if end > size:
+                continue
+            piece = text[start:end]
+            if piece in index and piece not in matched and term_at_boundaries(text, start, end):
                 matched.add(piece)
     if not matched:
         return []
@@ -114,7 +143,7 @@ class AnchorStage(TimedStage):
         notes = {"terms": sorted({term for _, term in anchors})}
         return state.evolve(anchors=tuple(anchors), meta=meta), {
             **base,
-            "count_in": int(act.sum()),
+            "count_in": int(np.count_nonzero(act)),
             "count_out": len(anchors),
             "notes": notes,
         }

@@ -66,13 +66,13 @@ Departures
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from memory_recall.model.state import HistoryState, RegionState, TimelineState
+from memory_recall.model.state import HistoryState, RegionState, StorySegment, TimelineState
 from memory_recall.pipeline._graph_cache import cached
 from memory_recall.pipeline.query_plan import parse_context_line
 from memory_recall.pipeline.state import (
@@ -135,8 +135,12 @@ def detect_cue_mode(texts: Sequence[str]) -> str:
     'none'
     """
     folded = [fold(t) for t in texts if t]
+    # No cue holds a line break, so a cue occurs in one of the texts iff it occurs in their join: one plain
+    # substring test per cue rules most of them out before the boundary-aware test.
+    joined = "\n".join(folded)
     for mode, cues in (("flashback", FLASHBACK_CUES), ("future", FUTURE_CUES)):
-        if any(term_occurs(t, cue) for t in folded for cue in cues):
+        present = [cue for cue in cues if cue in joined]
+        if any(term_occurs(t, cue) for cue in present for t in folded):
             return mode
     return "none"
 
@@ -184,10 +188,20 @@ class StoryContext:
 
 
 def resolve_story_context(
-    timeline: TimelineState, history: HistoryState, segment_id: str = "", label: str = ""
+    timeline: TimelineState,
+    history: HistoryState,
+    segment_id: str = "",
+    label: str = "",
+    *,
+    by_id: Mapping[str, StorySegment] | None = None,
 ) -> StoryContext:
-    """The active story segment from the timeline, the caller's hints and the history (reference §1.7)."""
-    by_id = {s.id: s for s in timeline.segments}
+    """The active story segment from the timeline, the caller's hints and the history (reference §1.7).
+
+    ``by_id``, when given, must be ``{segment.id: segment}`` of ``timeline`` (the stage passes a per-snapshot
+    copy instead of rebuilding it every recall).
+    """
+    if by_id is None:
+        by_id = {s.id: s for s in timeline.segments}
 
     def from_id(sid: str, source: str) -> StoryContext | None:
         seg = by_id.get(sid.strip()) if sid else None
@@ -236,17 +250,79 @@ class _Candidate:
             self.reasons.append(reason)
 
 
-def _newest_assistant_text(lines: Sequence[str]) -> str:
-    for line in reversed(lines):
-        parsed = parse_context_line(line)
+def _newest_assistant_text(parsed_lines: Sequence[tuple[str, str] | None]) -> str:
+    """The newest non-empty assistant text among the :func:`parse_context_line` results of the recent lines."""
+    for parsed in reversed(parsed_lines):
         if parsed is not None and parsed[0] == "assistant" and parsed[1]:
             return parsed[1]
     return ""
 
 
-def _owner_text(line: str) -> str:
-    parsed = parse_context_line(line)
+def _owner_text(line: str, parsed: tuple[str, str] | None) -> str:
+    """The text of a recent line an owner mention is looked for in (``parsed`` = ``parse_context_line(line)``)."""
     return parsed[1] if parsed is not None else line
+
+
+@dataclass(frozen=True)
+class _OwnerIndex:
+    """What the context stage derives from the snapshot alone (built once per snapshot).
+
+    ``catalog``: the owner catalog's knowledge rows (:meth:`ContextStage._catalog`); ``mention_terms[p]``: the
+    ``(NQ(alias, 800), folded)`` pairs of ``catalog[p]`` of JS length ≥ 2, longest first (stable among equals);
+    ``recent_active``: the first :data:`RECENT_ACTIVE_COUNT` catalog rows by ``updated_at`` desc, then owner node
+    recency desc; ``segments_by_id``: the timeline's segments by id; ``row_by_key`` / ``row_by_base``: the first
+    knowledge row of each lower-cased owner key / key without ``#nodeId`` (what ``KnowledgeArrays.row`` finds).
+    """
+
+    catalog: tuple[int, ...]
+    mention_terms: tuple[tuple[tuple[str, str], ...], ...]
+    recent_active: tuple[int, ...]
+    segments_by_id: dict[str, StorySegment]
+    row_by_key: dict[str, int]
+    row_by_base: dict[str, int]
+
+    def row(self, owner_key: str) -> int:
+        """``KnowledgeArrays.row(owner_key)`` by two dict lookups: exact key first, then without ``#nodeId``."""
+        key = owner_key.lower()
+        row = self.row_by_key.get(key)
+        return self.row_by_base.get(key.split("#", 1)[0], -1) if row is None else row
+
+
+def _owner_index(snap: GraphSnapshot) -> _OwnerIndex:
+    def build() -> _OwnerIndex:
+        ka = snap.knowledge
+        catalog = ContextStage._catalog(snap)
+        mention_terms = []
+        for o in catalog:
+            aliases = [normalize_query(a, OWNER_TEXT_LIMIT) for a in ka.aliases[o]]
+            # Longest alias first (JS length); the stable sort keeps alias order among equals.
+            aliases = sorted((a for a in aliases if js_len(a) >= 2), key=js_len, reverse=True)
+            mention_terms.append(tuple((alias, fold(alias)) for alias in aliases))
+
+        def recency(o: int) -> float:
+            i = int(ka.owner_node_index[o])
+            if i < 0:
+                return 0.0
+            end = float(snap.seq_end[i])
+            return float(snap.seq[i]) if np.isnan(end) else end
+
+        recent = sorted(catalog, key=lambda o: (-int(ka.updated_at[o]), -recency(o)))
+        row_by_key: dict[str, int] = {}
+        row_by_base: dict[str, int] = {}
+        for o, key in enumerate(ka.owner_keys):
+            row_by_key.setdefault(key.lower(), o)
+            row_by_base.setdefault(key.lower().split("#", 1)[0], o)
+        return _OwnerIndex(
+            catalog=tuple(catalog),
+            mention_terms=tuple(mention_terms),
+            recent_active=tuple(recent[:RECENT_ACTIVE_COUNT]),
+            segments_by_id={seg.id: seg for seg in snap.timeline.segments},
+            row_by_key=row_by_key,
+            row_by_base=row_by_base,
+        )
+
+    value, _ = cached(snap, ("context", "owner-index"), build)
+    return value
 
 
 class ContextStage(TimedStage):
@@ -272,7 +348,7 @@ class ContextStage(TimedStage):
         return rows
 
     @staticmethod
-    def _legacy_owner(snap: GraphSnapshot, catalog: list[int], q: RecallQuery) -> int | None:
+    def _legacy_owner(snap: GraphSnapshot, catalog: Sequence[int], q: RecallQuery) -> int | None:
         ka = snap.knowledge
         entries = snap.knowledge_state.owners
         for name in (
@@ -292,7 +368,11 @@ class ContextStage(TimedStage):
 
     @staticmethod
     def _candidates(
-        snap: GraphSnapshot, catalog: list[int], legacy: int | None, q: RecallQuery
+        snap: GraphSnapshot,
+        owners: _OwnerIndex,
+        legacy: int | None,
+        q: RecallQuery,
+        parsed_lines: Sequence[tuple[str, str] | None],
     ) -> list[_Candidate]:
         ka = snap.knowledge
         merged: dict[str, _Candidate] = {}
@@ -308,28 +388,22 @@ class ContextStage(TimedStage):
             add(legacy, LEGACY_SCORE, "legacy-unique-match", f"legacy:{ka.owner_names[legacy]}")
 
         texts = [fold(normalize_query(q.user_message, OWNER_TEXT_LIMIT))]
-        texts.extend(fold(normalize_query(_owner_text(line), OWNER_TEXT_LIMIT)) for line in q.recent_lines)
+        texts.extend(
+            fold(normalize_query(_owner_text(line, parsed), OWNER_TEXT_LIMIT))
+            for line, parsed in zip(q.recent_lines, parsed_lines, strict=True)
+        )
         texts = [t for t in texts if t]
         if texts:
-            for o in catalog:
-                aliases = [normalize_query(a, OWNER_TEXT_LIMIT) for a in ka.aliases[o]]
-                # Longest alias first (JS length); the stable sort keeps alias order among equals.
-                aliases = sorted((a for a in aliases if js_len(a) >= 2), key=js_len, reverse=True)
-                for alias in aliases:
-                    term = fold(alias)
-                    if any(term_occurs(t, term) for t in texts):
+            # Texts and aliases are NQ-normalised (no line breaks), so an alias occurs in a text iff it occurs in
+            # their join: one plain substring test rules most aliases out before the boundary-aware test.
+            joined = "\n".join(texts)
+            for o, terms in zip(owners.catalog, owners.mention_terms, strict=True):
+                for alias, term in terms:
+                    if term in joined and any(term_occurs(t, term) for t in texts):
                         add(o, MENTION_SCORE, "recent-message", f"mentioned:{alias}")
                         break
 
-        def recency(o: int) -> float:
-            i = int(ka.owner_node_index[o])
-            if i < 0:
-                return 0.0
-            end = float(snap.seq_end[i])
-            return float(snap.seq[i]) if np.isnan(end) else end
-
-        recent = sorted(catalog, key=lambda o: (-int(ka.updated_at[o]), -recency(o)))
-        for o in recent[:RECENT_ACTIVE_COUNT]:
+        for o in owners.recent_active:
             add(o, RECENT_ACTIVE_SCORE, "recent-active", "recent-active")
 
         for cand in merged.values():
@@ -338,7 +412,7 @@ class ContextStage(TimedStage):
         return ordered[:MAX_CANDIDATES]
 
     @staticmethod
-    def _request_owners(snap: GraphSnapshot, keys: Sequence[str]) -> tuple[list[str], list[str]]:
+    def _request_owners(snap: GraphSnapshot, owners: _OwnerIndex, keys: Sequence[str]) -> tuple[list[str], list[str]]:
         """Caller-named owner keys resolved to catalog keys (with or without ``#nodeId``) and their names."""
         ka = snap.knowledge
         out_keys: list[str] = []
@@ -347,7 +421,7 @@ class ContextStage(TimedStage):
             raw = (raw or "").strip()
             if not raw:
                 continue
-            row = ka.row(raw) if ka.owner_keys else -1
+            row = owners.row(raw)
             if row >= 0:
                 key, name = ka.owner_keys[row], ka.owner_names[row]
             else:
@@ -377,11 +451,14 @@ class ContextStage(TimedStage):
         ka = snap.knowledge
         history = snap.history
 
-        catalog = self._catalog(snap)
+        owners = _owner_index(snap)
+        catalog = owners.catalog
         legacy = self._legacy_owner(snap, catalog, q)
-        candidates = self._candidates(snap, catalog, legacy, q)
+        # Each recent line is parsed once, for the owner mentions and the newest assistant text.
+        parsed_lines = [parse_context_line(line) for line in q.recent_lines]
+        candidates = self._candidates(snap, owners, legacy, q, parsed_lines)
         if q.active_owner_keys is not None:
-            owner_keys, owner_names = self._request_owners(snap, q.active_owner_keys)
+            owner_keys, owner_names = self._request_owners(snap, owners, q.active_owner_keys)
             owner_scores = [1.0] * len(owner_keys)
             mode = "request"
         else:
@@ -399,12 +476,16 @@ class ContextStage(TimedStage):
 
         story = (
             resolve_story_context(
-                snap.timeline, history, q.active_story_segment_id, q.active_story_time_label
+                snap.timeline,
+                history,
+                q.active_story_segment_id,
+                q.active_story_time_label,
+                by_id=owners.segments_by_id,
             )
             if self.settings.enable_story_timeline
             else StoryContext()
         )
-        cue_mode = detect_cue_mode([q.user_message, _newest_assistant_text(q.recent_lines)])
+        cue_mode = detect_cue_mode([q.user_message, _newest_assistant_text(parsed_lines)])
 
         legacy_name = ka.owner_names[legacy] if legacy is not None else ""
         user_owner = (q.active_user_pov_owner or history.active_user_pov_owner or q.host_user_name).strip()

@@ -31,6 +31,7 @@ Notes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -102,17 +103,25 @@ class LexicalStage(TimedStage):
         else:
             raw_hits = list(index_fn(terms, self.settings.bm25_top_k, stem=stem))
         act = active_mask(state)
-        pairs = [(snap.index.get(str(node_id), -1), float(score)) for node_id, score in raw_hits]
-        pairs = [(i, s) for i, s in pairs if i >= 0 and s > 0 and np.isfinite(s) and act[i]]
-        idx = np.array([i for i, _ in pairs], dtype=np.int64)
-        scores = np.array([s for _, s in pairs], dtype=np.float64)
+        index_of = snap.index
+        # A few dozen hits: plain Python per hit is cheaper than numpy calls on tiny arrays.
+        pairs: list[tuple[float, str, int]] = []  # (-score, node id, node index): the sort key, then the node
+        for node_id, raw_score in raw_hits:
+            key = str(node_id)
+            i = index_of.get(key, -1)
+            score = float(raw_score)
+            if i >= 0 and score > 0 and math.isfinite(score) and act[i]:
+                pairs.append((-score, key, i))
+        # Score desc, then node-id byte order (str order is UTF-8 byte order: the snapshot's id_rank order). One
+        # node id can only come back once from the store; keep the best anyway if an index repeats it (the first
+        # after the sort; equal keys are the same hit).
+        pairs.sort()
+        best: dict[int, float] = {}
+        for neg_score, _, i in pairs:
+            best.setdefault(i, -neg_score)
+        idx = np.fromiter(best.keys(), dtype=np.int64, count=len(best))
+        scores = np.fromiter(best.values(), dtype=np.float64, count=len(best))
         if idx.size:
-            # One node id can only come back once from the store; keep the best anyway if an index repeats it.
-            order = np.lexsort((snap.id_rank[idx], -scores))
-            idx, scores = idx[order], scores[order]
-            first = np.unique(idx, return_index=True)[1]
-            keep = np.sort(first)
-            idx, scores = idx[keep], scores[keep]
             scores = scores / scores[0]  # the best hit, first after the sort
         meta = state.with_meta(bm25Hits=int(idx.size))
         notes = {"terms": terms, "indexHits": len(raw_hits)}

@@ -213,8 +213,14 @@ class QueryPlanStage(TimedStage):
             if s.enable_multi_intent
             else ()
         )
+        # A message that is already NQ-normalised (the usual case) splits into the segments just computed.
         lexical = tuple(
-            lexical_query_sources(query.user_message, s.enable_multi_intent, s.multi_intent_max_segments)
+            lexical_query_sources(
+                query.user_message,
+                s.enable_multi_intent,
+                s.multi_intent_max_segments,
+                segments=segments if s.enable_multi_intent and query.user_message == current else None,
+            )
         )
         base: dict[str, Any] = {"score_kind": "blend_weight", "score_direction": "higher_is_better"}
         if not parts and not lexical:

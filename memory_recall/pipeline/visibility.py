@@ -53,24 +53,41 @@ _WILDCARD = "*"
 
 @dataclass(frozen=True)
 class _VisibilityIndex:
-    """Per snapshot: which nodes carry ``fields.visibility`` and, per name, which of them list it."""
+    """Per snapshot: the nodes eligible before the filter, which nodes carry ``fields.visibility`` and, per
+    name, which of them list it."""
 
+    eligible: np.ndarray  # (n,) bool: non-archived with a finite range (read-only)
     restricted: np.ndarray  # (n,) bool
     allowed: dict[str, np.ndarray]  # name → node indices listing it
 
 
 def _visibility_index(snapshot: GraphSnapshot) -> _VisibilityIndex:
     def build() -> _VisibilityIndex:
+        eligible = ~snapshot.archived & snapshot.finite_range
+        eligible.flags.writeable = False  # shared by every recall of the snapshot
         restricted = np.zeros(snapshot.n, dtype=bool)
         lists: dict[str, list[int]] = {}
         for i, names in snapshot.visibility.items():
             restricted[i] = True
             for name in names:
                 lists.setdefault(name, []).append(i)
-        return _VisibilityIndex(restricted, {k: np.array(v, dtype=np.int64) for k, v in lists.items()})
+        return _VisibilityIndex(eligible, restricted, {k: np.array(v, dtype=np.int64) for k, v in lists.items()})
 
     value, _ = cached(snapshot, ("visibility", "index"), build)
     return value
+
+
+def _hidden_or_none(snapshot: GraphSnapshot, index: _VisibilityIndex, name: str) -> np.ndarray | None:
+    """:func:`visibility_hidden`, or None when no filter applies (blank name or no node has a visibility)."""
+    name = (name or "").strip()
+    if not name or not snapshot.visibility:
+        return None
+    allowed = np.zeros(snapshot.n, dtype=bool)
+    for key in (name, _WILDCARD):
+        members = index.allowed.get(key)
+        if members is not None:
+            allowed[members] = True
+    return index.restricted & ~allowed & ~snapshot.archived
 
 
 def visibility_hidden(snapshot: GraphSnapshot, name: str) -> np.ndarray:
@@ -78,17 +95,8 @@ def visibility_hidden(snapshot: GraphSnapshot, name: str) -> np.ndarray:
 
     All false when ``name`` is blank (no filter).
     """
-    hidden = np.zeros(snapshot.n, dtype=bool)
-    name = (name or "").strip()
-    if not name or not snapshot.visibility:
-        return hidden
-    index = _visibility_index(snapshot)
-    allowed = np.zeros(snapshot.n, dtype=bool)
-    for key in (name, _WILDCARD):
-        members = index.allowed.get(key)
-        if members is not None:
-            allowed[members] = True
-    return index.restricted & ~allowed & ~snapshot.archived
+    hidden = _hidden_or_none(snapshot, _visibility_index(snapshot), name)
+    return np.zeros(snapshot.n, dtype=bool) if hidden is None else hidden
 
 
 class VisibilityStage(TimedStage):
@@ -102,11 +110,18 @@ class VisibilityStage(TimedStage):
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
         snap = state.snapshot
         name = state.query.visibility_filter.strip() if self.settings.enabled else ""
-        hidden = visibility_hidden(snap, name)
-        active = ~snap.archived & snap.finite_range & ~hidden
-        hidden_idx = np.flatnonzero(hidden)
-        hidden_ids = [snap.ids[i] for i in hidden_idx[np.argsort(snap.id_rank[hidden_idx])].tolist()]
-        count = int(active.sum())
+        index = _visibility_index(snap)
+        hidden = _hidden_or_none(snap, index, name)
+        if hidden is None:
+            # No filter: nothing hidden (the mask is still written for later stages).
+            hidden = np.zeros(snap.n, dtype=bool)
+            active = index.eligible.copy()
+            hidden_ids: list[str] = []
+        else:
+            active = index.eligible & ~hidden
+            hidden_idx = np.flatnonzero(hidden)
+            hidden_ids = [snap.ids[i] for i in hidden_idx[np.argsort(snap.id_rank[hidden_idx])].tolist()]
+        count = int(np.count_nonzero(active))
         meta = state.with_meta(
             activeNodeCount=count,
             visibilityHidden=hidden_ids,

@@ -2005,8 +2005,10 @@ class Store:
         if not term_list:
             return []
         with self.read() as r:
-            # Version and rows come from one snapshot, so the cached index is exactly that version's.
-            version = r.chat_version(chat_id)
+            # Version and rows come from one snapshot, so the cached index is exactly that version's. The version
+            # is read directly: chat_version() would validate the (already validated) chat id a second time.
+            row = r._conn.execute("SELECT version FROM chats WHERE chat_id = ?", (chat_id,)).fetchone()
+            version = 0 if row is None else int(row[0])
             index = cache_for(self).get(chat_id, version, lambda: _bm25_read_index(r._conn, chat_id, stem), stem)
         return index.query(term_list, limit)
 

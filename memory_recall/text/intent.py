@@ -31,6 +31,7 @@ scenario 1 conflicts with departure 8, and the departure wins.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from memory_recall.text.normalize import js_len, normalize_query, unique_queries
 from memory_recall.text.tokenize import CJK_CHARS
@@ -137,16 +138,19 @@ def split_intent_segments(text: str, max_segments: int = 4, min_length: int = 3)
     return out
 
 
-def lexical_query_sources(current: str, multi_intent: bool, max_segments: int = 4) -> list[str]:
+def lexical_query_sources(
+    current: str, multi_intent: bool, max_segments: int = 4, *, segments: Sequence[str] | None = None
+) -> list[str]:
     """Texts the lexical score compares node fields with (reference §3.6).
 
     ``unique_queries([NQ(current), *split_intent_segments(current)])``; the segments only when
-    ``multi_intent`` is on.
+    ``multi_intent`` is on. ``segments``, when given, must be ``split_intent_segments(current, max_segments)``
+    (a caller that already split the text passes it instead of splitting it again).
 
     >>> lexical_query_sources("规则一，然后规则二", multi_intent=True)
     ['规则一，然后规则二', '规则一', '规则二']
     """
     sources = [normalize_query(current)]
     if multi_intent:
-        sources.extend(split_intent_segments(current, max_segments))
+        sources.extend(split_intent_segments(current, max_segments) if segments is None else segments)
     return unique_queries(sources)

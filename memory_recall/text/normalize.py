@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 __all__ = [
@@ -22,12 +21,13 @@ __all__ = [
     "unique_queries",
 ]
 
-_WS = re.compile(r"\s+")
-
 
 def js_len(text: str) -> int:
     """Length in UTF-16 code units (JS ``String.length``); astral characters count 2."""
-    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+    if text.isascii():
+        return len(text)
+    # Two bytes per BMP character (a lone surrogate included, via surrogatepass), four per astral one.
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def cut_js(text: str, max_units: int) -> str:
@@ -51,9 +51,10 @@ def normalize_query(text: object, max_len: int = 400) -> str:
     """``NQ``: CRLF→LF, every whitespace run → one space, trim, cut to ``max_len`` JS units."""
     if text is None:
         return ""
-    s = str(text).replace("\r\n", "\n")
-    s = _WS.sub(" ", s).strip()
-    return cut_js(s, max_len)
+    # str.split() splits on exactly the characters regex ``\s`` matches (both use the Unicode whitespace
+    # test), so this is ``re.sub(r"\s+", " ", s).strip()`` at a fraction of the cost; CR and LF are both
+    # whitespace, so CRLF→LF needs no pass of its own.
+    return cut_js(" ".join(str(text).split()), max_len)
 
 
 def normalize_lexical(text: object) -> str:

@@ -265,7 +265,8 @@ def query_terms(text: str, max_terms: int = DEFAULT_MAX_QUERY_TERMS) -> list[str
             else:
                 seen.update((bg, None) for bg in _BIGRAMS.findall(run) if bg not in stop)
         else:
-            plain = _strip_accents(_clean_word(word))
+            # An ASCII letters-and-digits word (most English words) has nothing to clean or strip.
+            plain = word if word.isascii() and word.isalnum() else _strip_accents(_clean_word(word))
             if plain and plain not in stop:
                 seen[plain] = None
         if len(seen) >= max_terms:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import numpy as np
@@ -11,6 +12,8 @@ from ctx_helpers import assert_not_mutated, edge, make_state, node, result_image
 
 from memory_recall.pipeline.anchors import AnchorStage, find_anchors
 from memory_recall.settings import AnchorSettings
+from memory_recall.text.mentions import fold, term_at_boundaries
+from memory_recall.text.normalize import normalize_query
 
 STAGE = AnchorStage(AnchorSettings())
 
@@ -158,6 +161,55 @@ class TestScale:
         elapsed = time.perf_counter() - start
         assert [(snap.ids[i], t) for i, t in found] == [("n42", "Name00042"), ("n3999", "Name03999")]
         assert elapsed < 0.05  # about 50 dict lookups, whatever the graph size
+
+
+def brute_force_anchors(snap, message: str, active) -> list[tuple[int, str]]:
+    """§3.8 by definition: every node's first anchor term occurring in the folded message on its boundaries."""
+    text = fold(normalize_query(message))
+    out = []
+    for i, terms in enumerate(snap.anchor_terms):
+        if not active[i] or snap.archived[i]:
+            continue
+        for term in terms:
+            t = fold(term)
+            if any(
+                text[s : s + len(t)] == t and term_at_boundaries(text, s, s + len(t))
+                for s in range(len(text) - len(t) + 1)
+            ):
+                out.append((i, term))
+                break
+    return out
+
+
+class TestAgainstDefinition:
+    NAMES = [
+        *("Ann", "Anna", "Ann Lee", "an", "艾琳", "艾", "钟楼", "钟楼顶", "Renée", "Zoë Ann"),
+        *("\U00020bb7", "\U00020bb7\U00020bb8", "ab", "abc", "b c", "x1"),
+    ]
+
+    def test_single_astral_character_name_anchors(self):
+        # JS length 2, Python length 1: an anchor term although it is one character long.
+        snap = snapshot([node("a", name="\U00020bb7"), node("b", name="艾")])
+        found, _ = anchors_of(snap, "我见到\U00020bb7和艾了")
+        assert found == [("a", "\U00020bb7")]
+
+    def test_random_messages_match_the_definition(self):
+        rng = random.Random(7)
+        nodes = [
+            node(f"n{i:02d}", name=rng.choice(self.NAMES), title=rng.choice(["", *self.NAMES]))
+            for i in range(40)
+        ]
+        snap = snapshot(nodes)
+        active = ~snap.archived
+        active[::5] = False
+        pieces = [*self.NAMES, " ", "，", "'s", "x", "ANN", "renee", "钟", "楼", "-"]
+        anchored = 0
+        for _ in range(300):
+            message = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 9)))
+            expected = brute_force_anchors(snap, message, active)
+            assert find_anchors(snap, message, active) == expected, message
+            anchored += len(expected)
+        assert anchored > 300  # the messages do anchor: the comparison is not between empty lists
 
 
 class TestContract:

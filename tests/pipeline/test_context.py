@@ -72,6 +72,14 @@ class TestSceneOwnerCandidates:
         ctx = run(snap, "what now", ["[assistant]: ALICE waves", "[user]: what now"]).state.context
         assert ctx.owner_keys == ("character:alice",)
 
+    def test_mention_on_boundaries_in_another_text(self):
+        # "Ann" occurs in the message only inside "Announcement"; the recent line has it as a word.
+        snap = snapshot(knowledge=knowledge(owner("Ann")))
+        ctx = run(snap, "The Announcement", ["[user]: Joanna", "[assistant]: Ann nods"]).state.context
+        assert ctx.owner_candidates[0].reasons == ("mentioned:Ann", "recent-active")
+        ctx = run(snap, "The Announcement", ["[user]: Joanna"]).state.context
+        assert ctx.owner_candidates[0].reasons == ("recent-active",)
+
     def test_longest_alias_is_the_reason(self):
         snap = snapshot(knowledge=knowledge(owner("Liz", aliases=("Elizabeth", "Liz Bennet"))))
         ctx = run(snap, "Liz Bennet arrives").state.context
@@ -346,6 +354,11 @@ class TestCueMode:
     def test_message(self, message, mode):
         assert run(snapshot(), message).state.context.cue_mode == mode
         assert detect_cue_mode([message]) == mode
+
+    def test_cue_on_boundaries_in_the_second_text(self):
+        assert detect_cue_mode(["Willow trees", "I will go"]) == "future"
+        assert detect_cue_mode(["Willow trees", "the planet"]) == "none"
+        assert detect_cue_mode(["", "remember me", "明天"]) == "flashback"
 
     def test_only_newest_assistant_line_and_message_are_scanned(self):
         """Departure 8 (§7 item 16): an old 明天 in the context no longer enables future nodes."""

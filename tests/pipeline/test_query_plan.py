@@ -154,6 +154,16 @@ class TestScenario4Plan:
         # Real segments still give their own vector queries.
         assert [t for t, _ in plan.vector_queries] == list(plan.lexical_sources)
 
+    def test_lexical_sources_split_the_raw_message(self):
+        # A line break separates intents in the raw message, while NQ has already turned it into a space: the
+        # lexical sources come from the raw text, the vector segments from the normalised one.
+        plan = plan_of("Where is the key\nor the old map").state.plan
+        assert plan.lexical_sources == ("Where is the key or the old map", "Where is the key", "or the old map")
+        assert plan.segments == ("Where is the key or the old map",)
+        plan = plan_of("Where is the key, or the old map").state.plan
+        assert plan.lexical_sources == ("Where is the key, or the old map", "Where is the key", "or the old map")
+        assert plan.segments == ("Where is the key", "or the old map")
+
     def test_segments_meta(self):
         res = plan_of("规则一，然后规则二")
         assert res.state.meta["segmentsUsed"] == ["规则一", "规则二"]

@@ -8,6 +8,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -175,6 +176,39 @@ class TestOrder:
     def test_deterministic(self) -> None:
         args = (["b", "a", "c"], ["x y", "y", "x x"], ["", "x", ""], ["z", "", "y"])
         assert Bm25Index.build(*args).query(["x", "y"], 3) == Bm25Index.build(*args).query(["x", "y"], 3)
+
+
+class TestExactFormula:
+    """Query scores are the formula summed per document in query-term order from the index's own statistics
+    (``idf``, ``norm``; checked against FTS5 above), bit for bit, and the cut keeps score desc then id order."""
+
+    @staticmethod
+    def reference(index: Bm25Index, terms: list[str], limit: int) -> list[tuple[str, float]]:
+        tf = index.tf.toarray()
+        scores: dict[int, float] = {}
+        for term in terms:
+            for token in split_query_term(term):
+                row = index.vocab.get(token)
+                if row is None:
+                    continue
+                for d in np.flatnonzero(tf[row]).tolist():
+                    f = tf[row, d]
+                    part = index.idf[row] * ((f * (1.2 + 1.0)) / (f + index.norm[d]))
+                    scores[d] = scores.get(d, 0.0) + part
+        ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+        return [(index.node_ids[d], float(v)) for d, v in ranked]
+
+    def test_random_queries(self) -> None:
+        rng = random.Random(11)
+        ids, primary, secondary, body = TestChunkedBuild._corpus(3, 400)
+        index = Bm25Index.build(ids, primary, secondary, body)
+        vocab = [*index.vocab, "unknown", "Dragon", "cave lair"]
+        for _ in range(60):
+            terms = [rng.choice(vocab) for _ in range(rng.randrange(1, 7))]  # repeats count twice
+            limit = rng.choice([1, 5, 30, 1000])
+            expected = self.reference(index, terms, limit)
+            assert index.query(terms, limit) == expected, terms
+        assert len(index.query(["dragon", "lair", "cave"], 1000)) > 100  # the queries hit many documents
 
 
 class TestChunkedBuild:

@@ -195,6 +195,13 @@ class TestLexicalQuerySources:
             "一二三",
         ]
 
+    def test_given_segments_are_used(self) -> None:
+        text = "规则一，然后规则二"
+        assert lexical_query_sources(text, multi_intent=True, segments=["规则二"]) == [text, "规则二"]
+        assert lexical_query_sources(text, multi_intent=False, segments=["规则二"]) == [text]
+        segments = split_intent_segments(text, 4)
+        assert lexical_query_sources(text, True, segments=segments) == lexical_query_sources(text, True)
+
     def test_empty(self) -> None:
         assert lexical_query_sources("", multi_intent=True) == []
         assert lexical_query_sources("  \n ", multi_intent=False) == []
