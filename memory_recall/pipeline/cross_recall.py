@@ -62,9 +62,10 @@ import numpy as np
 
 from memory_recall.pipeline._graph_cache import (
     active_mask,
+    cached,
     cooccurrence_eligible,
+    has_anchor_term_mask,
     hidden_mask,
-    lookup,
 )
 from memory_recall.pipeline.diffusion import collect_seeds, diffuse
 from memory_recall.pipeline.state import (
@@ -76,20 +77,51 @@ from memory_recall.pipeline.state import (
     timed,
 )
 from memory_recall.settings import AnchorSettings, CrossRecallSettings, DiffusionSettings, SelectionSettings
-from memory_recall.store.snapshot import TYPE_CODE
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot
 
 __all__ = ["CrossRecallStage"]
 
 _SCORE_KIND = "raw_candidate_scores"
 _EVENT = TYPE_CODE["event"]
+_PART_CODES = np.array([1, 2, 3], dtype=np.int8)  # score-map parts: vector, diffusion, BM25
 
 
-def _first_occurrence(idx: np.ndarray) -> np.ndarray:
-    """Positions of the first occurrence of each value of ``idx``, in order."""
-    if idx.size == 0:
-        return EMPTY_INDEX
-    _, first = np.unique(idx, return_index=True)
-    return np.sort(first)
+def _first_occurrence(idx: np.ndarray) -> np.ndarray | None:
+    """Positions of the first occurrence of each value of ``idx``, in order; None when no value repeats."""
+    values = idx.tolist()
+    if len(set(values)) == len(values):
+        return None
+    first: dict[Any, int] = {}
+    for pos, value in enumerate(values):
+        first.setdefault(value, pos)
+    return np.fromiter(first.values(), dtype=np.int64, count=len(first))
+
+
+def _cooccurrence_eligible_mask(snapshot: GraphSnapshot) -> np.ndarray:
+    """(n,) bool: :func:`cooccurrence_eligible` of every node, built once per snapshot (n bytes: 100 kB at 100k
+    nodes). Only nodes of the anchor index (the non-archived nodes with an anchor term) can be eligible, so only
+    they are tested."""
+
+    def build() -> np.ndarray:
+        mask = np.zeros(snapshot.n, dtype=bool)
+        with_term = np.flatnonzero(has_anchor_term_mask(snapshot))
+        mask[with_term] = cooccurrence_eligible(snapshot, with_term)
+        return mask
+
+    return cached(snapshot, "cross-recall-cooccurrence-eligible", build)[0]
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """``values`` (as float64) of the first ``keys`` entry equal to each ``query`` entry, 0 when absent."""
+    out = np.zeros(query.size)
+    if keys.size == 0 or query.size == 0:
+        return out
+    order = keys.argsort(kind="stable")
+    sorted_keys = keys[order]
+    pos = np.minimum(sorted_keys.searchsorted(query), keys.size - 1)
+    found = sorted_keys[pos] == query
+    out[found] = values[order[pos[found]]]
+    return out
 
 
 class CrossRecallStage:
@@ -143,7 +175,7 @@ class CrossRecallStage:
             extra: list[tuple[str, np.ndarray, np.ndarray]] = [("residual", res_idx, res_e)]
             if self.settings.enabled:
                 extra.append(("event", *self._event_seeds(state, hidden)))
-            seeds = collect_seeds(state, (self.anchors or AnchorSettings()).energy, tuple(extra))
+            seeds = collect_seeds(state, (self.anchors or AnchorSettings()).energy, tuple(extra), hidden=hidden)
             notes["seedSources"] = seeds.sources
             notes["reDiffusion"] = len(seeds) > 0
             if len(seeds):
@@ -180,14 +212,19 @@ class CrossRecallStage:
         """Up to ``supplemental_anchors`` co-occurrence-eligible, visible vector hits that are not
         exact anchors, in vector-hit order (reference §3.10 first bullet)."""
         snap = state.snapshot
-        hits = np.asarray(state.vector_hits[0], dtype=np.int64)
-        hits = hits[_first_occurrence(hits)]
-        hits = hits[(hits >= 0) & (hits < snap.n)]
-        exact = np.fromiter((i for i, _ in state.anchors), dtype=np.int64, count=len(state.anchors))
-        keep = cooccurrence_eligible(snap, hits) & ~np.isin(hits, exact)
-        if hidden is not None:
-            keep &= ~hidden[hits]
-        return tuple(int(i) for i in hits[keep][: self.settings.supplemental_anchors])
+        limit = self.settings.supplemental_anchors
+        if limit <= 0:
+            return ()
+        eligible = _cooccurrence_eligible_mask(snap)
+        exact = {i for i, _ in state.anchors}
+        out: list[int] = []
+        # A few dozen hits, usually only the first few are visited: a plain loop (first occurrences only).
+        for i in dict.fromkeys(np.asarray(state.vector_hits[0], dtype=np.int64).tolist()):
+            if 0 <= i < snap.n and eligible[i] and i not in exact and (hidden is None or not hidden[i]):
+                out.append(i)
+                if len(out) == limit:
+                    break
+        return tuple(out)
 
     def _event_seeds(self, state: RecallState, hidden: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """For every exact anchor, each active incident edge (edge-list order) whose other end is a
@@ -221,55 +258,59 @@ class CrossRecallStage:
     ) -> tuple[Candidates, dict[str, int]]:
         """Vector hits, then diffusion-only nodes, then BM25-only nodes (reference §3.10 "Score map" plus the
         BM25 channel), restricted to ``eligible`` (active and visible) nodes."""
-        snap = state.snapshot
-
-        def valid(idx: np.ndarray) -> np.ndarray:
-            idx = np.asarray(idx, dtype=np.int64)
-            ok = (idx >= 0) & (idx < snap.n)
-            ok[ok] = eligible[idx[ok]]
-            return ok
-
+        n = state.snapshot.n
         vec_idx, vec_w, vec_raw = (np.asarray(a) for a in state.vector_hits)
         first = _first_occurrence(vec_idx)
-        vec_idx, vec_w, vec_raw = vec_idx[first].astype(np.int64), vec_w[first], vec_raw[first]
+        if first is not None:
+            vec_idx, vec_w, vec_raw = vec_idx[first], vec_w[first], vec_raw[first]
         dif_idx, dif_e = (np.asarray(a) for a in diffusion)
         bm_idx, bm_s = (np.asarray(a) for a in state.bm25_hits)
         first = _first_occurrence(bm_idx)
-        bm_idx, bm_s = bm_idx[first].astype(np.int64), bm_s[first]
-
-        # Membership as (n,) masks (cheaper than np.isin's sorts at these sizes); only in-range values matter:
-        # out-of-range ones are dropped by ``valid`` and can never equal an in-range one.
-        def members(*parts: np.ndarray) -> np.ndarray:
-            mask = np.zeros(snap.n, dtype=bool)
-            for part in parts:
-                part = np.asarray(part, dtype=np.int64)
-                mask[part[(part >= 0) & (part < snap.n)]] = True
-            return mask
-
-        def outside(idx: np.ndarray, mask: np.ndarray) -> np.ndarray:
-            idx = np.asarray(idx, dtype=np.int64)
-            ok = valid(idx)
-            ok[ok] = ~mask[idx[ok]]
-            return ok
-
-        from_vec = vec_idx[valid(vec_idx)]
-        seen = members(vec_idx)
-        from_dif = dif_idx[outside(dif_idx, seen)].astype(np.int64)
-        from_bm = bm_idx[outside(bm_idx, members(vec_idx, dif_idx))]
-        index = np.concatenate([from_vec, from_dif, from_bm]).astype(np.int64)
+        if first is not None:
+            bm_idx, bm_s = bm_idx[first], bm_s[first]
+        vec_idx, dif_idx, bm_idx = (a.astype(np.int64, copy=False) for a in (vec_idx, dif_idx, bm_idx))
+        entries = np.concatenate([vec_idx, dif_idx, bm_idx])
+        if entries.size and (entries.min() < 0 or entries.max() >= n):
+            # Out-of-range entries never enter, and can never equal an in-range node: drop them.
+            vec_ok, dif_ok, bm_ok = ((a >= 0) & (a < n) for a in (vec_idx, dif_idx, bm_idx))
+            vec_idx, vec_w, vec_raw = vec_idx[vec_ok], vec_w[vec_ok], vec_raw[vec_ok]
+            dif_idx, dif_e = dif_idx[dif_ok], dif_e[dif_ok]
+            bm_idx, bm_s = bm_idx[bm_ok], bm_s[bm_ok]
+            entries = np.concatenate([vec_idx, dif_idx, bm_idx])
+        n_v, n_d = vec_idx.size, dif_idx.size
+        # The first part holding each node (1 vector, 2 diffusion, 3 BM25), as an (n,) map written from the
+        # last part to the first; an entry enters when its node is eligible and in no earlier part.
+        part = np.zeros(n, dtype=np.int8)
+        part[bm_idx] = 3
+        part[dif_idx] = 2
+        part[vec_idx] = 1
+        own = np.repeat(_PART_CODES, (n_v, n_d, bm_idx.size))
+        enter = eligible[entries] & (part[entries] == own)
+        index = entries[enter]
+        from_vec = int(np.count_nonzero(enter[:n_v]))
+        from_dif = int(np.count_nonzero(enter[n_v : n_v + n_d]))
+        from_bm = index.size - from_vec - from_dif
+        # A node of one part is in no earlier part: its vector scores are 0 unless it is a vector hit, and the
+        # BM25 hits that enter keep their own scores (both channels are deduplicated); the rest is looked up.
+        head = index[: from_vec + from_dif]
+        vector_score = np.zeros(index.size)
+        vector_score[:from_vec] = vec_w[enter[:n_v]]
+        vector_raw = np.zeros(index.size)
+        vector_raw[:from_vec] = vec_raw[enter[:n_v]]
+        graph_score = np.zeros(index.size)
+        graph_score[: head.size] = _lookup(dif_idx, dif_e, head)
+        bm25_score = np.zeros(index.size)
+        bm25_score[: head.size] = _lookup(bm_idx, bm_s, head)
+        bm25_score[head.size :] = bm_s[enter[n_v + n_d :]]
         candidates = Candidates(
             index=index,
-            graph_score=lookup(dif_idx, dif_e, index),
-            vector_score=lookup(vec_idx, vec_w, index),
-            vector_raw=lookup(vec_idx, vec_raw, index),
-            bm25_score=lookup(bm_idx, bm_s, index),
+            graph_score=graph_score,
+            vector_score=vector_score,
+            vector_raw=vector_raw,
+            bm25_score=bm25_score,
             cooccurrence_boost=np.zeros(index.size),
         )
-        parts = {
-            "fromVector": int(from_vec.size),
-            "fromDiffusion": int(from_dif.size),
-            "fromBm25": int(from_bm.size),
-        }
+        parts = {"fromVector": from_vec, "fromDiffusion": from_dif, "fromBm25": from_bm}
         return candidates, parts
 
     def _fallback(self, state: RecallState, eligible: np.ndarray) -> tuple[Candidates, str]:

@@ -30,8 +30,9 @@ Skip reasons
 Invariants
     The adjacency is built once per (snapshot, temporal-link strength) and cached on the snapshot
     (:func:`diffusion_adjacency`); a visibility mask is applied by zeroing the rows and columns of
-    hidden nodes (cached per mask digest), so no hidden node receives energy or relays it. No
-    Python loop over nodes.
+    hidden nodes (cached per mask digest), so no hidden node receives energy or relays it. The last
+    ranking computed on an adjacency is kept with it (:func:`diffuse`): the cross-recall stage's
+    re-diffusion with unchanged seeds reuses it. No Python loop over nodes.
 Departures (recall-spec)
     * 2 — hidden nodes never receive energy and never appear in the result (reference §7 item 2: diffusion
       re-introduced them; scenario 38).
@@ -103,19 +104,29 @@ def current_user_weight(plan: QueryPlan) -> float:
     return float(plan.parts[0].weight) if plan.parts else 1.0
 
 
+class _FromState:
+    """Marker default of :func:`collect_seeds`'s ``hidden``: read the mask off the state."""
+
+
+_FROM_STATE = _FromState()
+
+
 def collect_seeds(
     state: RecallState,
     anchor_energy: float,
     extra: tuple[tuple[str, np.ndarray, np.ndarray], ...] = (),
+    *,
+    hidden: np.ndarray | None | _FromState = _FROM_STATE,
 ) -> Seeds:
     """Seeds of reference §3.9 (vector hits, exact anchors) plus BM25 hits and ``extra`` ``(name,
     idx, energy)`` groups, deduplicated by the maximum energy per node in first-occurrence order.
     Seeds that are out of range, non-finite, ≤ 0, archived or hidden by the visibility filter are
-    dropped (recall-spec departure 2)."""
+    dropped (recall-spec departure 2). ``hidden`` is :func:`hidden_mask` of ``state``, for a caller that
+    already has it."""
     snap = state.snapshot
+    n = snap.n
     vec_idx, vec_score, _ = state.vector_hits
-    anchor_idx = np.fromiter((i for i, _ in state.anchors), dtype=np.int64,
-    count=len(state.anchors))
+    anchor_idx = np.array([i for i, _ in state.anchors], dtype=np.int64)
     bm25_idx, bm25_score = state.bm25_hits
     groups: list[tuple[str, np.ndarray, np.ndarray]] = [
         ("vector", np.asarray(vec_idx, dtype=np.int64), np.asarray(vec_score, dtype=np.float64)),
@@ -130,20 +141,31 @@ def collect_seeds(
     sources = {name: int(np.asarray(idx).size) for name, idx, _ in groups}
     idx = np.concatenate([np.asarray(g[1], dtype=np.int64).reshape(-1) for g in groups])
     energy = np.concatenate([np.asarray(g[2], dtype=np.float64).reshape(-1) for g in groups])
-    ok = (idx >= 0) & (idx < snap.n) & np.isfinite(energy) & (energy > 0)
+    ok = np.isfinite(energy) & (energy > 0)
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        ok &= (idx >= 0) & (idx < n)
     idx, energy = idx[ok], energy[ok]
-    ok = ~snap.archived[idx]
-    hidden = hidden_mask(state)
+    dropped = snap.archived[idx]
+    if isinstance(hidden, _FromState):
+        hidden = hidden_mask(state)
     if hidden is not None:
-        ok &= ~hidden[idx]
-    idx, energy = idx[ok], energy[ok]
+        dropped |= hidden[idx]
+    idx, energy = idx[~dropped], energy[~dropped]
     if idx.size == 0:
         return Seeds(np.zeros(0, dtype=np.int64), np.zeros(0), sources)
-    uniq, first, inverse = np.unique(idx, return_index=True, return_inverse=True)
-    best = np.full(uniq.size, -np.inf)
-    np.maximum.at(best, inverse, energy)
-    order = np.argsort(first, kind="stable")
-    return Seeds(uniq[order], best[order], sources)
+    # Group equal nodes with a stable sort (each group's first entry is the node's first occurrence), take the
+    # maximum per group, then put the groups back in first-occurrence order.
+    order = idx.argsort(kind="stable")
+    sorted_idx = idx[order]
+    head = np.empty(idx.size, dtype=bool)
+    head[0] = True
+    np.not_equal(sorted_idx[1:], sorted_idx[:-1], out=head[1:])
+    if head.all():
+        return Seeds(idx, energy, sources)
+    starts = head.nonzero()[0]
+    best = np.maximum.reduceat(energy[order], starts)
+    by_first = order[starts].argsort()
+    return Seeds(sorted_idx[starts][by_first], best[by_first], sources)
 
 
 def _temporal_strength(settings: DiffusionSettings) -> float:
@@ -216,26 +238,49 @@ def diffusion_adjacency(
     )
     if hidden is None or not hidden.any():
         return base, hit
-    keep = ~np.asarray(hidden, dtype=bool)
-    return cached(
+    hidden = np.asarray(hidden, dtype=bool)
+    # Both diffusions of a recall use the same mask: the last masked variant is remembered on the base (with a
+    # copy of its mask, compared in O(n / 8)-ish time instead of hashing the mask again).
+    last = base.derived.get("last-masked")
+    if last is not None and np.array_equal(last[0], hidden):
+        return last[1], True
+    keep = ~hidden
+    masked, hit = cached(
         snapshot,
         ("diffusion-adjacency-masked", strength, *hub, mask_digest(hidden)),
         lambda: Adjacency(
             _mask_csr(base.normal, keep), _mask_csr(base.inhibit, keep), base.synthetic_edge_count
         ),
     )
+    base.derived["last-masked"] = (hidden.copy(), masked)
+    return masked, hit
 
 
 def diffuse(
     snapshot: GraphSnapshot, seeds: Seeds, settings: DiffusionSettings, hidden: np.ndarray | None = None
 ) -> DiffusionOutcome:
     """Run ``propagateActivation`` + ``diffuseAndRank`` (reference §3.9) from ``seeds`` on the
-    cached adjacency; drop archived and hidden nodes from the ranking."""
+    cached adjacency; drop archived and hidden nodes from the ranking.
+
+    The ranking depends only on the adjacency (snapshot, temporal-link settings, mask), the seeds and the
+    propagation settings; the last one computed on an adjacency is kept with it, so a cross-recall
+    re-diffusion whose seeds equal the first pass's (no event or residual seed added) costs a comparison.
+    The returned arrays may thus be shared between calls: never modify them."""
     adj, was_cached = diffusion_adjacency(snapshot, settings, hidden)
+    params = (
+        settings.max_steps, settings.decay, settings.top_k, settings.min_energy, settings.teleport_alpha,
+        settings.inhibit_multiplier,
+    )
+    seed_idx = np.asarray(seeds.index)
+    seed_energy = np.asarray(seeds.energy)
+    key = (params, seed_idx.dtype.str, seed_idx.tobytes(), seed_energy.dtype.str, seed_energy.tobytes())
+    last = adj.derived.get("last-diffusion")
+    if last is not None and last[0] == key:
+        return DiffusionOutcome(last[1], last[2], adj.synthetic_edge_count, was_cached)
     idx, energy = propagate(
         adj,
-        seeds.index,
-        seeds.energy,
+        seed_idx,
+        seed_energy,
         max_steps=settings.max_steps,
         decay=settings.decay,
         top_k=settings.top_k,
@@ -248,7 +293,10 @@ def diffuse(
     keep = ~snapshot.archived[r_idx]
     if hidden is not None:
         keep &= ~hidden[r_idx]
-    return DiffusionOutcome(r_idx[keep], r_energy[keep], adj.synthetic_edge_count, was_cached)
+    out_idx, out_energy = r_idx[keep], r_energy[keep]
+    out_idx.flags.writeable = out_energy.flags.writeable = False  # shared with later calls (above)
+    adj.derived["last-diffusion"] = (key, out_idx, out_energy)
+    return DiffusionOutcome(out_idx, out_energy, adj.synthetic_edge_count, was_cached)
 
 
 class DiffusionStage:
@@ -273,10 +321,10 @@ class DiffusionStage:
         if not self.settings.enabled:
             return self._skip(state, "diffusion-disabled", base, 0)
         anchor_energy = (self.anchors or AnchorSettings()).energy
-        seeds = collect_seeds(state, anchor_energy)
+        hidden = hidden_mask(state)
+        seeds = collect_seeds(state, anchor_energy, hidden=hidden)
         if len(seeds) == 0:
             return self._skip(state, "no-seeds", base, 0, seedSources=seeds.sources)
-        hidden = hidden_mask(state)
         out = diffuse(state.snapshot, seeds, self.settings, hidden)
         meta = state.with_meta(
             seedCount=len(seeds),

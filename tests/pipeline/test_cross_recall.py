@@ -20,6 +20,7 @@ from graph_helpers import (
     state_fingerprint,
 )
 
+from memory_recall.pipeline._graph_cache import cooccurrence_eligible
 from memory_recall.pipeline.cooccurrence import CooccurrenceStage
 from memory_recall.pipeline.cross_recall import CrossRecallStage
 from memory_recall.pipeline.diffusion import DiffusionStage
@@ -354,6 +355,96 @@ class TestPipelineOrder:
         assert boost["b"] == pytest.approx(2.0 * np.log(2) * 0.1)
         assert boost["x"] == pytest.approx((2.0 + 0.7) * np.log(2) * 0.1)
         assert boost["a"] == pytest.approx(0.7 * np.log(2) * 0.1)
+
+
+def _random_score_map_state(rng: np.random.Generator):
+    """A state with random vector / diffusion / BM25 hits over a small graph: repeated nodes within a channel,
+    nodes in several channels, out-of-range indices, archived, inactive, hidden and ineligible nodes."""
+    n = int(rng.integers(3, 25))
+    types = ["character", "location", "event", "reflection", "rule"]
+    nodes = [
+        node(
+            f"n{i:02d}", str(rng.choice(types)), seq=i, archived=bool(rng.random() < 0.1),
+            seq_range=None if rng.random() < 0.1 else "default",
+            **({"name": f"Name {i}"} if rng.random() < 0.7 else {}),
+        )
+        for i in range(n)
+    ]
+    ids = [f"n{i:02d}" for i in range(n)]
+    hidden = [i for i in ids if rng.random() < 0.15]
+    state = make_state(graph(nodes), "q", hidden=hidden, anchors=[i for i in ids if rng.random() < 0.1])
+
+    def picks(size: int) -> np.ndarray:
+        idx = rng.integers(0, n, size)
+        if size and rng.random() < 0.3:
+            idx[int(rng.integers(0, size))] = int(rng.choice([-1, n, n + 5]))
+        return idx
+
+    nv, nd, nb = (int(v) for v in rng.integers(0, 12, 3)) if rng.random() < 0.9 else (0, 0, 0)
+    return state.evolve(
+        vector_hits=(picks(nv), rng.uniform(0, 1, nv), rng.uniform(0, 1, nv)),
+        diffusion=(picks(nd), rng.uniform(0, 2, nd)),
+        bm25_hits=(picks(nb), rng.uniform(0, 1, nb)),
+    )
+
+
+def _reference_score_map(state) -> list[tuple[int, float, float, float, float]]:
+    """The score-map contract as plain Python: (node, graph, vector, raw, bm25) rows in insertion order."""
+    snap = state.snapshot
+    hidden = state.meta.get("visibility_hidden_mask")
+    active = ~snap.archived & snap.finite_range
+
+    def eligible(i: int) -> bool:
+        return 0 <= i < snap.n and bool(active[i]) and not (hidden is not None and hidden[i])
+
+    vec: dict[int, tuple[float, float]] = {}
+    for i, w, r in zip(*(a.tolist() for a in state.vector_hits), strict=True):
+        vec.setdefault(i, (w, r))
+    dif_idx, dif_e = (a.tolist() for a in state.diffusion)
+    dif: dict[int, float] = {}
+    for i, e in zip(dif_idx, dif_e, strict=True):
+        dif.setdefault(i, e)
+    bm: dict[int, float] = {}
+    for i, b in zip(*(a.tolist() for a in state.bm25_hits), strict=True):
+        bm.setdefault(i, b)
+    index = [i for i in vec if eligible(i)]
+    index += [i for i in dif_idx if eligible(i) and i not in vec]
+    index += [i for i in bm if eligible(i) and i not in vec and i not in dif]
+    return [(i, dif.get(i, 0.0), vec.get(i, (0.0, 0.0))[0], vec.get(i, (0.0, 0.0))[1], bm.get(i, 0.0)) for i in index]
+
+
+def _reference_supplemental(state, limit: int) -> list[int]:
+    snap = state.snapshot
+    hidden = state.meta.get("visibility_hidden_mask")
+    exact = {a for a, _ in state.anchors}
+    out: list[int] = []
+    for i in dict.fromkeys(state.vector_hits[0].tolist()):
+        if 0 <= i < snap.n and cooccurrence_eligible(snap, np.array([i]))[0] and i not in exact:
+            if not (hidden is not None and hidden[i]):
+                out.append(i)
+    return out[:limit]
+
+
+def test_differential_score_map_and_supplemental_match_plain_python() -> None:
+    """200 random states: the score map (order and every score, bit for bit) and the supplemental anchors equal
+    a plain-Python transliteration of the contract."""
+    rng = np.random.default_rng(20261201)
+    stage = _stage(CrossRecallSettings(enabled=False, supplemental_anchors=3), DiffusionSettings(enabled=False))
+    fallbacks = 0
+    for case in range(200):
+        state = _random_score_map_state(rng)
+        out = stage.run(state).state
+        c = out.candidates
+        got = list(zip(c.index.tolist(), c.graph_score.tolist(), c.vector_score.tolist(), c.vector_raw.tolist(),
+                       c.bm25_score.tolist(), strict=True))
+        if out.meta["scoreMapFallback"] == "":
+            assert got == _reference_score_map(state), case
+        else:  # nothing entered: the empty-map fallback took over
+            assert _reference_score_map(state) == [], case
+            fallbacks += 1
+        assert c.index.dtype == np.int64 and c.cooccurrence_boost.tolist() == [0.0] * len(c)
+        assert list(out.supplemental_anchors) == _reference_supplemental(state, 3), case
+    assert 0 < fallbacks < 50
 
 
 class TestContract:

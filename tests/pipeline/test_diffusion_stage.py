@@ -23,7 +23,7 @@ from graph_helpers import (
 )
 
 from memory_recall.pipeline import _graph_cache
-from memory_recall.pipeline.diffusion import DiffusionStage, collect_seeds, diffusion_adjacency
+from memory_recall.pipeline.diffusion import DiffusionStage, Seeds, collect_seeds, diffuse, diffusion_adjacency
 from memory_recall.pipeline.kernels.diffusion import (
     _reference_build_adjacency,
     _reference_propagate,
@@ -284,6 +284,65 @@ class TestAdjacencyCache:
         assert np.allclose(adj.normal.toarray(), ref.normal.toarray())
         assert np.allclose(adj.inhibit.toarray(), ref.inhibit.toarray())
         assert adj.synthetic_edge_count == ref.synthetic_edge_count == 2
+
+
+class TestLastRunMemo:
+    """``diffuse`` keeps its last ranking per adjacency (a cross-recall re-diffusion with unchanged seeds costs a
+    comparison); any other input is recomputed."""
+
+    def _seeds(self, snap, pairs):
+        return Seeds(
+            np.array([snap.index[i] for i, _ in pairs], dtype=np.int64), np.array([e for _, e in pairs]), {}
+        )
+
+    def _fresh(self, pairs, settings, hidden_ids=()):
+        # The same graph in a new snapshot: nothing remembered.
+        snap = snapshot(_example_graph())
+        hidden = None
+        if hidden_ids:
+            hidden = np.zeros(snap.n, dtype=bool)
+            hidden[[snap.index[i] for i in hidden_ids]] = True
+        out = diffuse(snap, self._seeds(snap, pairs), settings, hidden)
+        return [(snap.ids[i], e) for i, e in zip(out.index.tolist(), out.energy.tolist(), strict=True)]
+
+    def test_same_seeds_reuse_the_ranking_other_inputs_recompute(self) -> None:
+        snap = snapshot(_example_graph())
+        seeds = [("A", 1.0), ("C", 0.5)]
+        first = diffuse(snap, self._seeds(snap, seeds), NO_TEMPORAL)
+        again = diffuse(snap, self._seeds(snap, seeds), NO_TEMPORAL)
+        assert again.index is first.index and again.energy is first.energy and again.adjacency_cached
+
+        def listed(out):
+            return [(snap.ids[i], e) for i, e in zip(out.index.tolist(), out.energy.tolist(), strict=True)]
+
+        for pairs, settings in [
+            ([("A", 1.0), ("C", 0.6)], NO_TEMPORAL),  # another energy
+            ([("C", 0.5), ("A", 1.0)], NO_TEMPORAL),  # same seeds, another order
+            ([("A", 1.0), ("C", 0.5)], NO_TEMPORAL.model_copy(update={"decay": 0.5})),
+            ([("A", 1.0), ("C", 0.5)], NO_TEMPORAL.model_copy(update={"teleport_alpha": 0.0})),
+            ([("A", 1.0), ("C", 0.5)], DiffusionSettings()),  # temporal links: another adjacency
+        ]:
+            assert listed(diffuse(snap, self._seeds(snap, pairs), settings)) == self._fresh(pairs, settings)
+        assert listed(diffuse(snap, self._seeds(snap, seeds), NO_TEMPORAL)) == listed(first)
+
+    def test_masks_in_turn_each_give_their_own_ranking(self) -> None:
+        snap = snapshot(_example_graph())
+        seeds = [("A", 1.0)]
+        for hidden_ids in (("B",), ("C",), ("B",), (), ("C",)):
+            hidden = np.zeros(snap.n, dtype=bool)
+            hidden[[snap.index[i] for i in hidden_ids]] = True
+            out = diffuse(snap, self._seeds(snap, seeds), NO_TEMPORAL, hidden)
+            got = [(snap.ids[i], e) for i, e in zip(out.index.tolist(), out.energy.tolist(), strict=True)]
+            assert got == self._fresh(seeds, NO_TEMPORAL, hidden_ids), hidden_ids
+            assert not set(hidden_ids) & {i for i, _ in got}
+
+    def test_caller_supplied_hidden_mask_equals_the_state_one(self) -> None:
+        snap = snapshot(_example_graph())
+        state = make_state(snap, "q", vector_hits=[("A", 0.9, 0.9), ("B", 0.4, 0.4)], hidden=["B"])
+        from_state = collect_seeds(state, 2.0)
+        given = collect_seeds(state, 2.0, hidden=state.meta["visibility_hidden_mask"])
+        assert from_state.index.tolist() == given.index.tolist() == [snap.index["A"]]
+        assert collect_seeds(state, 2.0, hidden=None).index.tolist() == [snap.index["A"], snap.index["B"]]
 
 
 def _random_case(rng: np.random.Generator):

@@ -205,6 +205,48 @@ class TestTopK:
         assert got[2] == 2.0
 
 
+class TestTeleportAndStackedRows:
+    def test_unreached_seed_is_reinjected_with_min_energy_zero(self) -> None:
+        # Seed 2 has no edge, so no step reaches it: with min_energy 0 its re-injected value α·e0 is kept at
+        # every step (the reference blends "next.get(s, 0)"), and zero-valued nodes never count as touched.
+        adj = build_adjacency(4, [0], [1], [0.5], [False])
+        idx, energy = propagate(adj, [0, 2], [1.0, 0.8], teleport_alpha=0.25, min_energy=0.0, max_steps=2)
+        lists, _ = _reference_build_adjacency(["0", "1", "2", "3"], [("0", "1", 0.5, 0)])
+        ref = _reference_propagate(lists, [("0", 1.0), ("2", 0.8)], teleport_alpha=0.25, min_energy=0.0,
+                                   max_steps=2, tie_key=int)
+        assert _as_dict(idx, energy) == pytest.approx({int(k): v for k, v in ref.items()}, abs=0)
+        assert idx.tolist() == [0, 1, 2]
+        # Step 1: node 1 = 0.6·0.75·0.5 = 0.225; seed 0 re-injected as 0.25 (weaker than its 1.0); seed 2
+        # as 0.2 (weaker than 0.8). Step 2: node 1 echoes nothing new above 0.225.
+        assert energy.tolist() == pytest.approx([1.0, 0.225, 0.8])
+
+    def test_stacked_rows_hold_the_normal_then_the_inhibit_rows(self) -> None:
+        adj = build_adjacency(4, [0, 1, 0, 2], [1, 2, 3, 3], [0.5, 0.25, 0.75, 0.4], [False, False, True, False])
+        propagate(adj, [0], [1.0])
+        rows = adj.derived["propagate-stacked-rows"]
+        propagate(adj, [1], [1.0])
+        assert adj.derived["propagate-stacked-rows"] is rows  # built once per adjacency
+        for r in range(8):
+            mat, row = (adj.normal, r) if r < 4 else (adj.inhibit, r - 4)
+            lo, hi = int(rows.starts[r]), int(rows.starts[r] + rows.lengths[r])
+            assert rows.indices[lo:hi].tolist() == mat.indices[mat.indptr[row] : mat.indptr[row + 1]].tolist()
+            assert rows.data[lo:hi].tolist() == mat.data[mat.indptr[row] : mat.indptr[row + 1]].tolist()
+
+    def test_unsorted_duplicated_seeds_match_sorted_input(self) -> None:
+        rng = np.random.default_rng(3)
+        n = 60
+        src, dst = rng.integers(0, n, 200), rng.integers(0, n, 200)
+        adj = build_adjacency(n, src, dst, rng.uniform(0.1, 1, 200), rng.random(200) < 0.2)
+        seeds = np.array([7, 3, 7, 50, 3, 7])
+        energies = np.array([0.9, 0.4, 1.5, 0.3, -0.1, 0.2])
+        # Per node, in input order with a clamp after each addition: 7 → 0.9+1.5 → 2 → 2.2 → 2; 3 → 0.3.
+        order = np.argsort(seeds, kind="stable")
+        a = propagate(adj, seeds, energies, teleport_alpha=0.15, top_k=10)
+        b = propagate(adj, seeds[order], energies[order], teleport_alpha=0.15, top_k=10)
+        assert a[0].tobytes() == b[0].tobytes() and a[1].tobytes() == b[1].tobytes()
+        assert _as_dict(*propagate(adj, seeds, energies, max_steps=0)) == pytest.approx({3: 0.3, 7: 2.0, 50: 0.3})
+
+
 class TestRankAndDeterminism:
     def test_rank_ties_break_by_order_key(self) -> None:
         idx = np.array([0, 1, 2, 3])
@@ -306,3 +348,30 @@ def test_differential_random_graphs_match_reference_transliteration() -> None:
             k for k, _ in _reference_rank(ref_by_id, tie_key=lambda s: int(s[1:]))
         ], case
     assert unambiguous >= cases // 2
+
+
+def test_differential_min_energy_and_duplicate_seeds_match_reference_transliteration() -> None:
+    """120 more random graphs with ``min_energy`` ∈ {0, 0.01, 0.2} and repeated, unsorted seeds (same
+    node-index tie-break as the kernel), within 1e-9."""
+    rng = np.random.default_rng(20261201)
+    for case in range(120):
+        (n, src, dst, strength, inhibit, pairs, t_strength, seeds, energies, alpha, top_k,
+         steps) = _random_case(rng)
+        seeds = np.concatenate([seeds, seeds[::-1]])
+        energies = np.concatenate([energies, rng.uniform(-0.5, 1.0, energies.size)])
+        min_energy = float(rng.choice([0.0, 0.01, 0.2]))
+        ids = [f"n{i:03d}" for i in range(n)]
+        adj = build_adjacency(n, src, dst, strength, inhibit, pairs, t_strength)
+        edges = [
+            (ids[s], ids[d], float(w), INHIBIT_EDGE_TYPE if inh else 0)
+            for s, d, w, inh in zip(src, dst, strength, inhibit, strict=True)
+        ]
+        tpairs = [] if pairs is None else [(ids[a], ids[b]) for a, b in pairs]
+        lists, _ = _reference_build_adjacency(ids, edges, tpairs, t_strength)
+        kwargs = dict(max_steps=steps, top_k=top_k, teleport_alpha=alpha, min_energy=min_energy)
+        idx, energy = propagate(adj, seeds, energies, **kwargs)
+        got = {ids[i]: float(e) for i, e in zip(idx, energy, strict=True)}
+        seed_list = [(ids[s], float(e)) for s, e in zip(seeds, energies, strict=True)]
+        ref = _reference_propagate(lists, seed_list, tie_key=lambda s: int(s[1:]), **kwargs)
+        assert got.keys() == ref.keys(), case
+        assert got == pytest.approx(ref, abs=1e-9), case
