@@ -56,10 +56,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from memory_recall.pipeline._admission import admissible, rows_of, with_owners
-from memory_recall.pipeline._graph_cache import cached, lookup
+from memory_recall.pipeline._graph_cache import cached
 from memory_recall.pipeline.owners import owner_base_key, resolve_pov_owner, scene_context
 from memory_recall.pipeline.scoring import (
     TEMPORAL_PRIORITY,
@@ -68,7 +68,7 @@ from memory_recall.pipeline.scoring import (
     scope_buckets,
     temporal_director,
 )
-from memory_recall.pipeline.state import Explanation, ExplanationPart, RecallState, StageTrace
+from memory_recall.pipeline.state import ContextInfo, Explanation, ExplanationPart, RecallState, StageTrace
 from memory_recall.settings import RecallSettings
 from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot
 
@@ -80,6 +80,7 @@ __all__ = [
     "ScopeBucketsModel",
     "SelectedMemory",
     "build_result",
+    "is_plain_json",
     "json_dumps",
     "plain",
 ]
@@ -99,6 +100,7 @@ RECALL_GROUPS: dict[str, tuple[str, ...]] = {
     "reflective": ("reflection", "synopsis"),
     "rule": ("rule",),
 }
+_GROUP_OF = {t: group for group, types in RECALL_GROUPS.items() for t in types}
 
 
 class ExplanationPartModel(BaseModel):
@@ -167,7 +169,14 @@ class ScopeBucketsModel(BaseModel):
 
 
 class RecallResult(BaseModel):
-    """Everything one recall returns (see the module docstring)."""
+    """Everything one recall returns (see the module docstring).
+
+    Read-only, like the pipeline state it is built from: to avoid copying thousands of small containers per
+    recall, ``nodes`` shares its node dumps with a per-snapshot cache and ``meta["retrieval"]`` shares the lists
+    and dicts the stages wrote in ``state.meta``. Stages write their meta as plain JSON data (lists, dicts with
+    ``str`` keys, ``str``/``int``/``bool``/``None``, finite floats: :func:`is_plain_json`); a top-level value of
+    any other type is converted by :func:`plain`, and :func:`json_dumps` converts every field with :func:`plain`,
+    so its text never depends on it."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -246,12 +255,34 @@ def plain(value: Any) -> Any:
     return str(value)
 
 
+def is_plain_json(value: Any) -> bool:
+    """Is ``value`` plain JSON data already, i.e. ``plain(value) == value`` with the same types: ``dict`` with
+    ``str`` keys, ``list``, ``str``, ``int``, ``bool``, ``None`` and finite ``float``, at every depth?"""
+    cls = type(value)
+    if cls is dict:
+        return all(type(k) is str and is_plain_json(v) for k, v in value.items())
+    if cls is list:
+        return all(is_plain_json(v) for v in value)
+    return cls in _SCALARS or (cls is float and _isfinite(value))
+
+
+def _shared(value: Any) -> Any:
+    """``value`` itself when it is a JSON scalar or a ``list`` / ``dict`` (whose contents are trusted to be plain
+    JSON, see :class:`RecallResult`), else ``plain(value)``: no copy of what the stages already built as JSON."""
+    cls = type(value)
+    if cls is dict or cls is list or cls in _SCALARS or (cls is float and _isfinite(value)):
+        return value
+    return plain(value)
+
+
 def json_dumps(result: RecallResult, *, timings: bool = False) -> str:
     """Canonical JSON of ``result``: sorted keys, compact separators, UTF-8 text, floats as their shortest
     round-trip ``repr``. Byte-identical for identical inputs; ``timings=False`` (default) zeroes the elapsed
     times (``timings``, ``meta.retrieval.timings``, each trace's ``elapsed_ms``) and drops the cache-hit notes
     (:data:`RUN_DEPENDENT_NOTE`): the only parts that differ between two runs of the same recall in one process."""
-    data = plain(result)
+    # Field by field: ``plain`` of what the result holds, so the text never depends on whether a shared meta
+    # or trace value was plain already (see RecallResult); the same data as ``plain(result.model_dump())``.
+    data = {name: plain(getattr(result, name)) for name in RecallResult.model_fields}
     if not timings:
         data["timings"] = {k: 0.0 for k in data.get("timings", {})}
         retrieval = data.get("meta", {}).get("retrieval", {})
@@ -271,13 +302,20 @@ def json_dumps(result: RecallResult, *, timings: bool = False) -> str:
 _TRACE_FIELDS = tuple(f.name for f in dataclasses.fields(StageTrace))
 
 
-def _trace_dict(trace: StageTrace) -> dict[str, Any]:
-    """``plain(trace.to_dict())`` without the deep copy of ``to_dict`` (``plain`` builds new containers)."""
-    return plain({name: getattr(trace, name) for name in _TRACE_FIELDS})
+def _trace_dicts(traces: Iterable[StageTrace]) -> list[dict[str, Any]]:
+    """``[plain(t.to_dict()) for t in traces]`` without the deep copy of ``to_dict``. Converted, not shared: the
+    controller hands the traces to the service's response, which must serialise whatever a stage noted."""
+    return [plain({name: getattr(t, name) for name in _TRACE_FIELDS}) for t in traces]
 
 
-# Selected memories and omitted nodes are handed to RecallResult as plain data: its validation builds the models
-# in one pass (a result holds a few hundred small models; one constructor call each costs several times more).
+# Selected memories are validated from plain data: the validator builds the models in one pass (one constructor
+# call per model costs several times more); omitted nodes are kept per snapshot (_omitted). Every other field of
+# RecallResult is built here with its exact type, so the result itself is assembled without validation (which
+# would only copy the node dumps, the meta and the traces once more).
+_SELECTED = TypeAdapter(list[SelectedMemory])
+#: Node dumps (and omitted-node models) kept per snapshot (a long chat's core nodes are the same few dozen on every
+#: turn); cleared when full, so at most this many (~1.5 KB per dump) per snapshot, whatever the graph size.
+MAX_NODE_DUMPS = 4096
 
 
 def _explanation_data(expl: Explanation) -> dict[str, Any]:
@@ -294,9 +332,34 @@ def _explanation_data(expl: Explanation) -> dict[str, Any]:
     }
 
 
-def _omitted(node_id: str, reason: str) -> dict[str, str]:
-    """The fields of an :class:`OmittedNode`."""
-    return {"node_id": node_id, "reason": reason}
+@dataclasses.dataclass
+class _Kept:
+    """What the builder keeps per snapshot, in one graph-cache entry (the cache holds few entries per snapshot):
+    node dumps and labels (:func:`_node_entry`), omitted-node models (:func:`_omitted`), temporal priorities per
+    story time (:func:`_temporal_priority`)."""
+
+    nodes: dict[int, tuple[dict[str, Any], str]] = dataclasses.field(default_factory=dict)
+    omitted: dict[tuple[int, str], OmittedNode] = dataclasses.field(default_factory=dict)
+    priority: dict[ContextInfo, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+def _kept(snap: GraphSnapshot) -> _Kept:
+    return cached(snap, ("result-kept",), _Kept)[0]
+
+
+def _omitted(snap: GraphSnapshot, nodes: Iterable[int], reason: str) -> list[OmittedNode]:
+    """The :class:`OmittedNode` of each node of ``nodes``. The models are immutable and depend only on the node
+    and the reason, so they are kept per snapshot (a long chat omits the same older core nodes on every turn)."""
+    models = _kept(snap).omitted
+    out = []
+    for i in nodes:
+        model = models.get((i, reason))
+        if model is None:
+            if len(models) >= MAX_NODE_DUMPS:
+                models.clear()
+            model = models[(i, reason)] = OmittedNode(node_id=snap.ids[i], reason=reason)
+        out.append(model)
+    return out
 
 
 def added_by_explanation(node_id: str, origin: str) -> Explanation:
@@ -319,6 +382,50 @@ def _recency(snap: GraphSnapshot, idx: np.ndarray) -> np.ndarray:
     """``seqRange[1]`` (``seq`` when the range is open) of each node of ``idx``."""
     end = snap.seq_end[idx]
     return np.where(np.isnan(end), snap.seq[idx].astype(np.float64), end)
+
+
+def _node_entry(snap: GraphSnapshot, i: int) -> tuple[dict[str, Any], str]:
+    """``(node.model_dump(mode="json"), node_label(node))`` of node ``i``, from a per-snapshot cache: both depend
+    only on the (immutable) snapshot. The dumps are shared by every result of the snapshot (read-only)."""
+    entries = _kept(snap).nodes
+    entry = entries.get(i)
+    if entry is None:
+        if len(entries) >= MAX_NODE_DUMPS:
+            entries.clear()
+        node = snap.node(i)
+        entry = entries[i] = (node.model_dump(mode="json"), node_label(node))
+    return entry
+
+
+def _node_dumps(snap: GraphSnapshot, idx: Iterable[int]) -> dict[str, dict[str, Any]]:
+    """``{id: node.model_dump(mode="json")}`` of the nodes ``idx``, in order (shared, see :func:`_node_entry`)."""
+    return {snap.ids[i]: _node_entry(snap, i)[0] for i in idx}
+
+
+#: Story times (active segments) whose temporal priorities are kept per snapshot (n bytes each).
+MAX_STORY_TIMES = 4
+_UNKNOWN_PRIORITY = -128
+
+
+def _temporal_priority(snap: GraphSnapshot, story: ContextInfo, idx: np.ndarray) -> np.ndarray:
+    """§3.20 temporal-bucket priority of each node of ``idx`` (float64): the director's bucket with cue mode
+    ``none`` in the scene's story time ``story`` (a context holding only the story-time fields, so the verdict
+    depends on nothing else). The director is element-wise, so each node's priority is computed once per
+    snapshot and story time and kept (int8 per node, at most :data:`MAX_STORY_TIMES` story times)."""
+    tables = _kept(snap).priority
+    table = tables.get(story)
+    if table is None:
+        if len(tables) >= MAX_STORY_TIMES:
+            tables.clear()
+        table = tables[story] = np.full(snap.n, _UNKNOWN_PRIORITY, dtype=np.int8)
+    priority = table[idx]
+    todo = priority == _UNKNOWN_PRIORITY
+    if todo.any():
+        missing = idx[todo]
+        tr = temporal_director(snap, missing, story, enabled=True)
+        priority[todo] = [TEMPORAL_PRIORITY.get(str(b), 0) for b in tr.bucket]
+        table[missing] = priority[todo]
+    return priority.astype(np.float64)
 
 
 def _core_order(snap: GraphSnapshot) -> tuple[np.ndarray, np.ndarray]:
@@ -351,8 +458,12 @@ class _Builder:
         self.omitted_counts: dict[str, int] = {}
         # Recall order uses the temporal bucket (without the cue mode) when a story segment is active.
         self._timeline = bool(settings.context.enable_story_timeline and ctx.story_segment_id)
-        self._cue_free = dataclasses.replace(ctx, cue_mode="none")
-        self._priority: dict[int, int] = {}
+        # The scene's story time alone (cue mode none): all the recall order's temporal priority reads.
+        self._story = ContextInfo(
+            story_segment_id=ctx.story_segment_id, story_segment_label=ctx.story_segment_label,
+            story_segment_order=ctx.story_segment_order, story_source=ctx.story_source,
+        )
+        self._position: dict[int, int] = {}  # node → place in the recall order (see rank)
 
     # -- ordering ---------------------------------------------------------------------------------------------
 
@@ -360,29 +471,30 @@ class _Builder:
         return _recency(self.snap, idx)
 
     def temporal_priority(self, idx: np.ndarray) -> np.ndarray:
-        """§3.20 temporal-bucket priority (cue mode ``none``) of each node of ``idx``. The director is element-wise,
-        so each node is classified once per result (one call for all of them: :meth:`prime`)."""
-        missing = [i for i in dict.fromkeys(idx.tolist()) if i not in self._priority]
-        if missing:
-            tr = temporal_director(self.snap, np.array(missing, dtype=np.int64), self._cue_free, enabled=True)
-            self._priority.update(zip(missing, (TEMPORAL_PRIORITY.get(str(b), 0) for b in tr.bucket), strict=True))
-        return np.array([self._priority[i] for i in idx.tolist()], dtype=np.float64)
+        """§3.20 temporal-bucket priority (cue mode ``none``) of each node of ``idx``: :func:`_temporal_priority`
+        with the story time of the scene."""
+        return _temporal_priority(self.snap, self._story, idx)
 
-    def prime(self, idx: Iterable[int]) -> None:
-        """Classify every node later ordered by :meth:`recall_order` in one director call."""
-        if self._timeline:
-            self.temporal_priority(np.asarray(list(idx), dtype=np.int64))
+    def rank(self, idx: Iterable[int]) -> None:
+        """Place the nodes of ``idx`` (with those already placed) in one §3.20 recall order, so that
+        :meth:`recall_order` of any subset is a plain sort by position (the order is total: it ends with the node
+        id). One call for every node the result lists: the selected and the kept core nodes."""
+        nodes = list(dict.fromkeys([*self._position, *idx]))
+        arr = np.array(nodes, dtype=np.int64)
+        snap = self.snap
+        keys = [snap.id_rank[arr], -snap.importance[arr], -self.recency(arr)]
+        if self._timeline and arr.size:
+            keys.append(-self.temporal_priority(arr))
+        order = np.lexsort(tuple(keys)).tolist() if arr.size else []
+        self._position = {nodes[k]: pos for pos, k in enumerate(order)}
 
     def recall_order(self, idx: Sequence[int]) -> list[int]:
         """§3.20 recall order of ``idx``."""
-        arr = np.asarray(list(idx), dtype=np.int64)
-        if arr.size == 0:
-            return []
-        snap = self.snap
-        keys = [snap.id_rank[arr], -snap.importance[arr], -self.recency(arr)]
-        if self._timeline:
-            keys.append(-self.temporal_priority(arr))
-        return arr[np.lexsort(tuple(keys))].tolist()
+        position = self._position
+        if any(i not in position for i in idx):
+            self.rank(idx)
+            position = self._position
+        return sorted(idx, key=position.__getitem__)
 
     def cap_order(self, idx: Sequence[int] | np.ndarray, selected: Sequence[int]) -> list[int]:
         """Fill order of a cap (departure 5): selected nodes in selection order, then by weighted score, then
@@ -391,8 +503,11 @@ class _Builder:
         if arr.size == 0:
             return []
         snap = self.snap
-        sel = np.asarray(selected, dtype=np.int64)
-        sel_pos = lookup(sel, np.arange(sel.size, dtype=np.float64), arr, default=float(sel.size))
+        # Position in the selection (first occurrence), after every selected node for the others: a dict read per
+        # candidate costs less than a vectorised lookup's sort and search on these few hundred nodes.
+        first = {i: p for p, i in enumerate(dict.fromkeys(selected))}
+        unselected = len(first)
+        sel_pos = np.array([first.get(i, unselected) for i in arr.tolist()], dtype=np.int64)
         rows = rows_of(self.state, arr)
         score = np.where(rows >= 0, self.state.scored.weighted_score[np.maximum(rows, 0)], -np.inf) \
             if len(self.state.scored) else np.full(arr.size, -np.inf)
@@ -407,14 +522,13 @@ class _Builder:
         out = [i for i in dict.fromkeys(int(i) for i in self.state.selection) if not snap.archived[i]]
         return out[:limit]
 
-    def core(self, selected: list[int], omitted: list[dict[str, str]]) -> list[int]:
+    def core(self, selected: list[int], omitted: list[OmittedNode]) -> list[int]:
         """Admissible core nodes in cap order, capped; the rest counted and (the first ones) listed as omitted.
 
         Only the first ``cap + OMITTED_LIST_CAP`` of the cap order are ever used. Unselected, unscored core nodes
-        all share the first two cap keys, so their order is the snapshot's static core order
-        (:func:`_core_order`) and only its first ``cap + OMITTED_LIST_CAP`` admissible ones can reach that
-        prefix: the cap order is computed over the selected and scored core nodes plus those, never over
-        every core node of the chat."""
+        all share the first two cap keys, which rank them after every selected or scored one, so their order is
+        the snapshot's static core order (:func:`_core_order`) and only its first ``cap + OMITTED_LIST_CAP``
+        admissible ones can reach that prefix: only the selected and scored core nodes are sorted."""
         snap = self.snap
         order, synopsis = _core_order(snap)
         if snap.summaries.active_entries():
@@ -425,20 +539,22 @@ class _Builder:
                                  require_active=False, owner_context=scene_context(self.state.context))]
         cap = int(self.settings.injector.core_cap)
         keep = cap + OMITTED_LIST_CAP
-        special = rows_of(self.state, order) >= 0
-        if selected:
-            # A node mask gathers faster than np.isin sorts the ~2,000 core nodes of a long chat.
-            chosen = np.zeros(snap.n, dtype=bool)
-            chosen[np.asarray(selected, dtype=np.int64)] = True
-            special |= chosen[order]
-        candidates = np.concatenate([order[special], order[~special][:keep]])
-        ranked = self.cap_order(candidates, selected)[:keep]
+        # Selected or scored: a node mask gathers faster than a search over the ~2,000 core nodes of a long chat.
+        chosen = np.zeros(snap.n, dtype=bool)
+        chosen[self.state.scored.index] = True
+        chosen[np.asarray(selected, dtype=np.int64)] = True
+        special = chosen[order]
+        if np.isfinite(self.state.scored.weighted_score).all():
+            # The others all sort after them (no selection position, no score), in the static order.
+            ranked = [*self.cap_order(order[special], selected), *order[~special][:keep].tolist()][:keep]
+        else:  # a non-finite score sorts among the unscored nodes: sort them together
+            ranked = self.cap_order(np.concatenate([order[special], order[~special][:keep]]), selected)[:keep]
         self.omitted_counts["core-cap"] = max(0, int(order.size) - cap)
-        omitted.extend(_omitted(snap.ids[i], "core-cap") for i in ranked[cap:cap + OMITTED_LIST_CAP])
-        self.prime([*selected, *ranked[:cap]])
+        omitted.extend(_omitted(snap, ranked[cap:cap + OMITTED_LIST_CAP], "core-cap"))
+        self.rank([*selected, *ranked[:cap]])
         return self.recall_order(ranked[:cap])
 
-    def scope(self, selected: list[int], core: list[int], omitted: list[dict[str, str]]) -> ScopeBucketsModel:
+    def scope(self, selected: list[int], core: list[int], omitted: list[OmittedNode]) -> ScopeBucketsModel:
         snap = self.snap
         inj = self.settings.injector
         members = list(dict.fromkeys([*selected, *core]))
@@ -477,12 +593,12 @@ class _Builder:
             ranked = self.cap_order(pooled, selected)
             cap = int(inj.objective_global_cap)
             self.omitted_counts["objective-global-cap"] = max(0, len(ranked) - cap)
-            omitted.extend(_omitted(snap.ids[i], "objective-global-cap") for i in ranked[cap:cap + OMITTED_LIST_CAP])
+            omitted.extend(_omitted(snap, ranked[cap:cap + OMITTED_LIST_CAP], "objective-global-cap"))
             global_nodes = ranked[:cap]
         else:
             self.omitted_counts["objective-global-disabled"] = len(pooled)
-            omitted.extend(_omitted(snap.ids[i], "objective-global-disabled")
-                           for i in self.cap_order(pooled, selected)[:OMITTED_LIST_CAP])
+            omitted.extend(_omitted(snap, self.cap_order(pooled, selected)[:OMITTED_LIST_CAP],
+                                    "objective-global-disabled"))
             global_nodes = []
         order = [k for k in self.owner_keys if k in by_owner] + [k for k in first_seen if k not in self.owner_keys]
         names = {c.get("ownerKey"): c.get("ownerName") for c in self.state.meta.get("sceneOwnerCandidates") or ()
@@ -520,7 +636,7 @@ class _Builder:
             else:
                 expl = added_by_explanation(nid, origin)
             out.append({
-                "rank": rank, "node_id": nid, "type": snap.type_of(i), "label": node_label(snap.node(i)),
+                "rank": rank, "node_id": nid, "type": snap.type_of(i), "label": _node_entry(snap, i)[1],
                 "origin": origin, "score": float(expl.score), "explanation": _explanation_data(expl),
             })
         return out
@@ -535,7 +651,8 @@ class _Builder:
              or k.split(":", 1)[-1].split("#", 1)[0])
             for k in self.owner_keys if k.startswith("character:")
         ]
-        return plain({
+        # The two meta values are shared like the rest of the meta (see RecallResult); the rest is built here.
+        out = plain({
             "flags": {
                 "enableScopedMemory": s.context.enable_scoped_memory,
                 "enablePovMemory": s.context.enable_pov_memory,
@@ -560,12 +677,15 @@ class _Builder:
             "activeRecallOwnerKeys": list(self.owner_keys),
             "activeRecallOwnerScores": dict(zip(self.owner_keys, self.owner_scores, strict=False)),
             "sceneOwnerResolutionMode": self.owner_mode,
-            "sceneOwnerCandidates": meta.get("sceneOwnerCandidates", []),
+            "sceneOwnerCandidates": None,  # set below (keeps the key order)
             "adjacentRegions": list(ctx.adjacent_regions),
             "injectLowConfidenceObjectiveMemory": s.scoring.inject_low_confidence_objective_memory,
             "graph": {"chatId": self.snap.chat_id, "version": self.snap.version, "nodeCount": self.snap.n},
-            "bucketWeights": meta.get("bucketWeights", {}),
+            "bucketWeights": None,
         })
+        out["sceneOwnerCandidates"] = _shared(meta.get("sceneOwnerCandidates", []))
+        out["bucketWeights"] = _shared(meta.get("bucketWeights", {}))
+        return out
 
 
 def build_result(
@@ -574,20 +694,17 @@ def build_result(
     """The :class:`RecallResult` of the final pipeline state (see the module docstring)."""
     b = _Builder(state, settings)
     snap = state.snapshot
-    omitted: list[dict[str, str]] = []
+    omitted: list[OmittedNode] = []
     selected = b.selected()
     core = b.core(selected, omitted)
     core_set = set(core)
     recall = b.recall_order([i for i in selected if i not in core_set])
     grouped: dict[str, list[str]] = {name: [] for name in (*RECALL_GROUPS, "other")}
     for i in recall:
-        t = snap.type_of(i)
-        group = next((g for g, types in RECALL_GROUPS.items() if t in types), "other")
-        grouped[group].append(snap.ids[i])
+        grouped[_GROUP_OF.get(snap.type_of(i), "other")].append(snap.ids[i])
     scope = b.scope(selected, core, omitted)
     summaries = [e.model_dump(mode="json") for e in snap.summaries.active_entries()]
-    referenced = list(dict.fromkeys([*selected, *core]))
-    nodes = {snap.ids[i]: snap.node(i).model_dump(mode="json") for i in referenced}
+    nodes = _node_dumps(snap, dict.fromkeys([*selected, *core]))
     total_active = state.meta.get("activeNodeCount")
     if total_active is None:
         total_active = int(state.active.sum()) if state.active.shape == (snap.n,) else 0
@@ -615,34 +732,38 @@ def build_result(
     retrieval["skipReasons"] = list(state.skip_reasons)
     retrieval["llm"] = dict(state.llm)
     retrieval["timings"] = dict(timing_map)
+    # The stages build their meta per recall as JSON lists and dicts (thousands of ids and owner lists at 10k
+    # nodes): shared, not copied (see RecallResult).
+    retrieval = {k if type(k) is str else str(k): _shared(v) for k, v in retrieval.items()}
     vs = state.vector_status
     selected_set = set(selected)
-    # Validated from plain data: the selected memories and omitted nodes become models in the same pass.
-    return RecallResult.model_validate({
-        "chat_id": snap.chat_id,
-        "graph_version": int(snap.version),
-        "user_message": state.query.user_message,
-        "user_floor": state.query.user_floor,
-        "selected_node_ids": [snap.ids[i] for i in selected],
-        "selected": b.explanations(selected),
-        "core_node_ids": [snap.ids[i] for i in core],
-        "recall_node_ids": [snap.ids[i] for i in recall],
-        "grouped_recall_node_ids": grouped,
-        "summary_entries": summaries,
-        "scope_buckets": scope,
-        "nodes": nodes,
-        "omitted": omitted,
-        "stats": stats,
-        "final_owner_keys": list(b.owner_keys),
-        "final_owner_scores": list(b.owner_scores),
-        "final_owner_mode": b.owner_mode,
-        "reinforced_node_ids": [snap.ids[i] for i in state.reinforced if i in selected_set],
-        "probabilistic_node_ids": [snap.ids[i] for i in state.probabilistic if i in selected_set],
-        "retrieval_status": vs.retrieval_status,
-        "semantic_search_used": bool(vs.semantic_search_used),
-        "failure_category": vs.failure_category,
-        "llm_status": str((state.llm or {}).get("status", "")),
-        "meta": {"retrieval": plain(retrieval), "scopeContext": b.scope_context()},
-        "traces": [_trace_dict(t) for t in state.traces],
-        "timings": timing_map,
-    })
+    user_floor = state.query.user_floor
+    # Assembled without validation (see _SELECTED): every value below already has its field's type.
+    return RecallResult.model_construct(
+        chat_id=snap.chat_id,
+        graph_version=int(snap.version),
+        user_message=state.query.user_message,
+        user_floor=None if user_floor is None else int(user_floor),
+        selected_node_ids=[snap.ids[i] for i in selected],
+        selected=_SELECTED.validate_python(b.explanations(selected)),
+        core_node_ids=[snap.ids[i] for i in core],
+        recall_node_ids=[snap.ids[i] for i in recall],
+        grouped_recall_node_ids=grouped,
+        summary_entries=summaries,
+        scope_buckets=scope,
+        nodes=nodes,
+        omitted=omitted,
+        stats=stats,
+        final_owner_keys=list(b.owner_keys),
+        final_owner_scores=list(b.owner_scores),
+        final_owner_mode=b.owner_mode,
+        reinforced_node_ids=[snap.ids[i] for i in state.reinforced if i in selected_set],
+        probabilistic_node_ids=[snap.ids[i] for i in state.probabilistic if i in selected_set],
+        retrieval_status=vs.retrieval_status,
+        semantic_search_used=bool(vs.semantic_search_used),
+        failure_category=vs.failure_category,
+        llm_status=str((state.llm or {}).get("status", "")),
+        meta={"retrieval": retrieval, "scopeContext": b.scope_context()},
+        traces=_trace_dicts(state.traces),
+        timings=timing_map,
+    )

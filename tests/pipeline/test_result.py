@@ -5,11 +5,20 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from e2e_helpers import graph, make_settings, node, owner, pov, scored_state, snapshot, summaries
+import pytest
+from e2e_helpers import contract_setup, graph, make_settings, node, owner, pov, scored_state, snapshot, summaries
 
 from memory_recall.model.graph import MemoryScope, StoryTime
 from memory_recall.model.state import StorySegment, TimelineState
-from memory_recall.pipeline.result import RecallResult, build_result, json_dumps
+from memory_recall.pipeline.result import (
+    PRIVATE_META_KEYS,
+    RecallResult,
+    build_result,
+    is_plain_json,
+    json_dumps,
+    plain,
+)
+from memory_recall.pipeline.retrieve import run_pipeline
 from memory_recall.pipeline.state import ContextInfo, StageTrace
 
 
@@ -161,6 +170,11 @@ class TestScopeBuckets:
         state = scored_state(snap, [("old", 0.5), ("now", 0.1)], selection=["old", "now"], context=ctx)
         r = build_result(finalised(state), make_settings())
         assert r.recall_node_ids == ["now", "old"]  # current beats distantPast; recency alone says old first
+        # Same snapshot, the other segment active: the priorities kept per snapshot are per story time.
+        ctx = ContextInfo(story_segment_id="s1", story_segment_order=1)
+        state = scored_state(snap, [("old", 0.5), ("now", 0.1)], selection=["old", "now"], context=ctx)
+        r = build_result(finalised(state), make_settings())
+        assert r.recall_node_ids == ["old", "now"]  # current beats future
 
 
 class TestExplanations:
@@ -227,3 +241,47 @@ class TestMetaAndJson:
         with_timings = json.loads(json_dumps(self.result(), timings=True))
         assert with_timings["timings"] == {"scoring": 1.2, "total": 2.0}
         assert "NaN" not in a
+
+    def test_json_dumps_is_plain_of_the_model(self):
+        """Field by field or through ``model_dump``: the same text."""
+        r = self.result()
+        assert r.traces[0]["notes"] == {"x": 3} and type(r.traces[0]["notes"]["x"]) is int
+        for timings in (False, True):
+            data = plain(r)
+            if not timings:
+                data["timings"] = {k: 0.0 for k in data["timings"]}
+                data["meta"]["retrieval"]["timings"] = {k: 0.0 for k in data["meta"]["retrieval"]["timings"]}
+                for trace in data["traces"]:
+                    trace["elapsed_ms"] = 0.0
+            expected = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            assert json_dumps(r, timings=timings) == expected
+
+    def test_node_dumps_kept_per_snapshot(self):
+        snap = snapshot(graph([node("a", seq=2, name="A"), node("e", "event", seq=1, title="E")]))
+        state = finalised(scored_state(snap, [("a", 0.25)], selection=["a"]))
+        first, second = build_result(state, make_settings()), build_result(state, make_settings())
+        assert first.nodes == {"a": snap.node(0).model_dump(mode="json"), "e": snap.node(1).model_dump(mode="json")}
+        assert second.nodes["e"] is first.nodes["e"]  # shared, read-only (see RecallResult)
+
+
+def test_is_plain_json():
+    assert is_plain_json({"a": [1, 2.5, None, True, "x", {"b": []}], "c": {}})
+    for value in ((1, 2), {1: "x"}, [float("nan")], {"a": [float("inf")]}, np.float64(1.0), {"a": {"b": [np.int64(1)]}},
+                  {"a": {"b"}}, [[("x",)]]):
+        assert not is_plain_json(value), value
+
+
+@pytest.mark.parametrize("mode", ["vector", "lexical_fallback", "llm", "llm_garbage", "empty"])
+def test_stages_write_plain_meta(mode):
+    """The result shares the stages' meta values instead of copying them (see RecallResult): every stage writes
+    them (and its trace notes) as plain JSON data, here with every optional stage on."""
+    snap, query, settings, providers = contract_setup(mode)
+    run = run_pipeline(snap, query, settings, providers)
+    meta = {k: v for k, v in run.state.meta.items() if k not in PRIVATE_META_KEYS}
+    assert len(meta) > (0 if mode == "empty" else 30)
+    for key, value in meta.items():
+        assert is_plain_json(value), key
+    for trace in run.state.traces:
+        assert is_plain_json(dict(trace.notes)), trace.name
+    result = build_result(run.state, run.settings, timings=run.timings)
+    assert is_plain_json(result.meta) and is_plain_json(result.traces) and is_plain_json(result.nodes)

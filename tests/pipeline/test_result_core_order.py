@@ -58,10 +58,14 @@ def reference_core(state, settings, selected):
 
 @pytest.mark.parametrize("cap", [0, 1, 7, 40, 500])
 @pytest.mark.parametrize("owners", [(), ("character:erin",)])
-def test_core_prefix_equals_full_cap_order(cap, owners):
+@pytest.mark.parametrize("worst", [None, -np.inf])
+def test_core_prefix_equals_full_cap_order(cap, owners, worst):
+    """``worst``: one more scored row with that score (−inf sorts among the unscored nodes, by recency)."""
     snap = snapshot(big_graph())
     core_ids = [snap.ids[i] for i in np.flatnonzero(snap.core_mask)]
     scored = [(nid, 0.9 - 0.1 * k) for k, nid in enumerate(core_ids[5:12])] + [(core_ids[40], 0.9)]
+    if worst is not None:
+        scored.append((core_ids[50], worst))
     chosen = [core_ids[30], core_ids[12], "char-1", core_ids[7]]
     ctx = ContextInfo(owner_keys=owners, owner_scores=tuple(1.0 for _ in owners),
                       owner_mode="request" if owners else "unresolved", active_region="Hall")
