@@ -49,6 +49,19 @@ def ids_to_index(state: RecallState, ids: Iterable[Any] | None) -> np.ndarray:
     return np.array(found, dtype=np.int64)
 
 
+def _listed_index(state: RecallState, ids: Iterable[Any] | None) -> list[int]:
+    """The snapshot indices of the node ids in ``ids``, in any order, repeats kept: what :func:`ids_to_index`
+    finds, without its sort (a mask does not need it). The ids the stages record are strings, so one
+    ``dict.get`` per id does (a non-string hashable finds nothing either); an unhashable entry falls back to
+    :func:`ids_to_index`, which skips it."""
+    listed = ids if isinstance(ids, list | tuple) else list(ids or ())
+    get = state.snapshot.index.get
+    try:
+        return [i for i in map(get, listed) if i is not None]
+    except TypeError:
+        return ids_to_index(state, listed).tolist()
+
+
 _MEMO = threading.local()
 
 
@@ -102,13 +115,11 @@ def _suppressed_all(state: RecallState) -> np.ndarray:
     hidden_raw = meta.get("visibility_hidden_mask")
 
     def build() -> np.ndarray:
-        out = np.zeros(snap.n, dtype=bool)
         hidden = hidden_mask(state)
-        if hidden is not None:
-            out |= hidden
+        out = np.zeros(snap.n, dtype=bool) if hidden is None else hidden.copy()
         for listed in (gate, temporal):
-            found = ids_to_index(state, listed)
-            if found.size:
+            found = _listed_index(state, listed)
+            if found:
                 out[found] = True
         return out
 

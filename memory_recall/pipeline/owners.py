@@ -50,8 +50,10 @@ Scene reconstruction (§3.16 step 3; ``OwnerSettings.enable_scene_reconstruction
     (``|seq − s|``, ties → higher seq first, then node id; the event itself excluded; not expanded further);
     a **pov_memory** adds its 2 most recent neighbours (recency = ``seqRange[1]``, then importance, then id),
     expanding an event as above; a **character/location** adds its 2 most recent neighbouring events, each
-    expanded. Stops at ``max_recall_nodes``; duplicates are skipped. Nearest events are found by one
-    ``lexsort`` over the admissible events (no Python loop over nodes).
+    expanded. Stops at ``max_recall_nodes``; duplicates are skipped. The walk is plain Python over the few
+    dozen nodes it touches: each node's expansion list (neighbours filtered and ordered as above) and each
+    event's first nearest events (one ``lexsort`` over the events within a seq window) are built once per
+    snapshot; a recall only judges admission, in one batch for what the walk most likely reads.
 Settings
     ``OwnerSettings.enable_scene_reconstruction``; ``SelectionSettings`` (``max_recall_nodes``,
     ``llm_candidate_pool``); ``ContextSettings`` and ``ScoringSettings`` for the gate of nodes the score map
@@ -86,13 +88,14 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from memory_recall.pipeline._admission import admissible, rows_of, with_owners
+from memory_recall.pipeline._admission import admissible, rows_of
 from memory_recall.pipeline._graph_cache import cached
 from memory_recall.pipeline.scoring import scope_buckets, temporal_director
 from memory_recall.pipeline.state import (
@@ -129,6 +132,18 @@ EVENT_NEIGHBOR_TYPES = ("character", "location", "thread", "reflection", "pov_me
 NEAREST_EVENTS = 2
 #: Events admitted per step when looking for the nearest admissible events.
 _EVENT_BLOCK = 64
+#: Nearest-first events kept per event (its first 2 admissible ones are almost always among them; else the
+#: whole order is ranked again).
+_NEAREST_PREFIX = 16
+#: Reconstruction lists kept per snapshot (see :class:`_SnapshotMemo`); emptied past this many entries.
+MAX_WALK_MEMO = 20_000
+#: Scenes whose per-node classifications (buckets, story time) are kept per snapshot.
+MAX_SCENES = 16
+#: What :func:`_likely_judged` takes: the head of a recency list, how many of it may be expanded events, and
+#: how many of an event's nearest events.
+_LIKELY_HEAD, _LIKELY_EXPANDED, _LIKELY_NEAREST = 16, 8, 8
+#: Selected nodes whose likely reads are judged together (the walk usually fills the cap within 3–6).
+_LOOKAHEAD = 6
 POV_NEIGHBORS = 2
 ENTITY_EVENTS = 2
 
@@ -136,27 +151,27 @@ _EVENT = TYPE_CODE["event"]
 _POV = TYPE_CODE["pov_memory"]
 _CHARACTER = TYPE_CODE["character"]
 _LOCATION = TYPE_CODE["location"]
-#: Type code → is an event neighbour type (a table gather instead of np.isin on a handful of neighbours). One
-#: extra False slot at the end: the snapshot codes an unknown type −1, which indexes it.
-_EVENT_NEIGHBOR_MASK = np.zeros(max(TYPE_CODE.values()) + 2, dtype=bool)
-_EVENT_NEIGHBOR_MASK[[TYPE_CODE[t] for t in EVENT_NEIGHBOR_TYPES]] = True
+#: Type codes of the event neighbour types.
+_EVENT_NEIGHBOR_CODES = frozenset(TYPE_CODE[t] for t in EVENT_NEIGHBOR_TYPES)
 
 
-def scene_context(context: ContextInfo) -> ContextInfo:
+def scene_context(
+    context: ContextInfo, owner_keys: Sequence[str] | None = None, owner_mode: str | None = None
+) -> ContextInfo:
     """``context`` reduced to the scene that decides the zero-evidence admission verdict of a node: the scene
     owners (keys, mode, active POV owners), the region and its neighbours, the story segment and the cue mode —
     every field :func:`~memory_recall.pipeline.scoring.scope_buckets`,
     :func:`~memory_recall.pipeline.scoring.knowledge_gate` (through the owner keys) and
     :func:`~memory_recall.pipeline.scoring.temporal_director` read. The owner candidates and scores, sources and
-    labels are dropped.
+    labels are dropped. ``owner_keys`` / ``owner_mode`` replace the context's owners (the final owners).
 
     The late stages pass it as ``owner_context`` to :func:`~memory_recall.pipeline._admission.admissible`, which
     keeps its verdicts per snapshot and context: recalls of one scene then share them (the owner candidates
     differ with every message, the scene does not). The verdicts are the same as with ``context`` itself.
     """
     return ContextInfo(
-        owner_keys=tuple(context.owner_keys),
-        owner_mode=context.owner_mode,
+        owner_keys=tuple(context.owner_keys if owner_keys is None else owner_keys),
+        owner_mode=context.owner_mode if owner_mode is None else owner_mode,
         active_character_pov_owner=context.active_character_pov_owner,
         active_user_pov_owner=context.active_user_pov_owner,
         active_region=context.active_region,
@@ -177,22 +192,80 @@ def owner_base_key(key: str) -> str:
     return key.strip().lower().split("#", 1)[0]
 
 
+class _SnapshotMemo:
+    """What the owner stage derives from one (immutable) snapshot, kept in one :func:`cached` entry (it must not
+    reference the snapshot: the cache is weakly keyed by it).
+
+    * ``pov_owner`` / ``pov_base`` (its base key) / ``participant_text`` / ``story_label``: per node, filled on
+      first use (at most one entry per node);
+    * ``types`` / ``archived``: the type codes and archived flags as lists (scene reconstruction reads a few
+      dozen of them per recall: a list index costs less than a numpy scalar read); 2 × 8 bytes per node
+      (small ints and bools are shared objects): 1.6 MB at 100k nodes;
+    * ``events``: every event sorted by ``seq``, and their ``seq`` (built on first use; 16 bytes per event);
+    * ``walk``: the reconstruction's lists (:func:`_walk_list`), at most one per node (its neighbours: as many
+      ints as its degree) plus the first 16 nearest events of an event; at most :data:`MAX_WALK_MEMO` lists
+      (emptied past it): ~0.3–1 KB each at typical degrees, so ≤ ~20 MB whatever the graph;
+    * ``scenes``: per-node classifications of the :data:`MAX_SCENES` most recent scenes (:meth:`scene`): at
+      most two small entries per selected node and scene.
+    """
+
+    __slots__ = (
+        "archived", "events", "participant_text", "pov_base", "pov_owner", "scenes", "story_label", "types", "walk",
+    )
+
+    def __init__(self, snapshot: GraphSnapshot) -> None:
+        self.pov_owner: dict[int, tuple[str, str]] = {}
+        self.pov_base: dict[int, str] = {}
+        self.participant_text: dict[int, str] = {}
+        self.story_label: dict[int, str] = {}
+        self.types: list[int] = snapshot.type_code.tolist()
+        self.archived: list[bool] = snapshot.archived.tolist()
+        self.events: tuple[np.ndarray, np.ndarray] | None = None
+        self.walk: dict[tuple[str, int], Any] = {}
+        self.scenes: OrderedDict[Hashable, tuple[dict[int, str], dict[int, tuple[str, float]]]] = OrderedDict()
+
+    def scene(self, key: Hashable) -> tuple[dict[int, str], dict[int, tuple[str, float]]]:
+        """Node → scope bucket and node → (story-time bucket, weight to 3 decimals) of one scene (``key``: all
+        the two classifications read besides the snapshot); the least recently used scene goes past
+        :data:`MAX_SCENES`. Racing threads store equal values."""
+        with _SCENES_LOCK:  # an eviction between the look-up and the move would fail the move
+            found = self.scenes.get(key)
+            if found is None:
+                found = self.scenes[key] = ({}, {})
+                while len(self.scenes) > MAX_SCENES:
+                    self.scenes.popitem(last=False)
+            else:
+                self.scenes.move_to_end(key)
+            return found
+
+
+_SCENES_LOCK = threading.Lock()
+
+
+def _memo(snapshot: GraphSnapshot) -> _SnapshotMemo:
+    return cached(snapshot, ("owners", "snapshot"), lambda: _SnapshotMemo(snapshot))[0]
+
+
 def resolve_pov_owner(snapshot: GraphSnapshot, i: int) -> tuple[str, str]:
     """``(owner key, owner name)`` of the POV node ``i``: the catalog owner it belongs to (matched by key with or
     without ``#nodeId``, then by name or alias, then by the owner's character node id), else the scope's own
     key and name. ``("", "")`` for an objective node or a POV node without owner.
 
     It reads only the (immutable) snapshot, so each node is resolved once per snapshot."""
-    memo: dict[int, tuple[str, str]] = cached(snapshot, ("owners", "pov-owner"), dict)[0]
-    found = memo.get(i)
+    return _pov_owner(snapshot, _memo(snapshot), i)
+
+
+def _pov_owner(snapshot: GraphSnapshot, memo: _SnapshotMemo, i: int) -> tuple[str, str]:
+    """:func:`resolve_pov_owner` with the snapshot's memo already at hand (the stage resolves dozens per recall)."""
+    found = memo.pov_owner.get(i)
     if found is None:
-        found = memo[i] = _resolve_pov_owner(snapshot, i)
+        found = memo.pov_owner[i] = _resolve_pov_owner(snapshot, i)
     return found
 
 
 def _participant_text(snapshot: GraphSnapshot, i: int) -> str:
     """Folded participants/summary/state/title/name/status text of node ``i`` (once per snapshot)."""
-    memo: dict[int, str] = cached(snapshot, ("owners", "participant-text"), dict)[0]
+    memo = _memo(snapshot).participant_text
     text = memo.get(i)
     if text is None:
         node = snapshot.node(i)
@@ -255,7 +328,7 @@ def _catalog_aliases(state: RecallState) -> list[tuple[str, str, list[tuple[str,
     return out
 
 
-#: Catalog aliases and participant matches kept per snapshot (weak keys); emptied past this many entries.
+#: Catalog aliases and row contributions kept per snapshot (weak keys); emptied past this many entries.
 MAX_PARTICIPANT_MEMO = 50_000
 _PARTICIPANTS: weakref.WeakKeyDictionary[GraphSnapshot, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
 _PARTICIPANTS_LOCK = threading.Lock()
@@ -263,8 +336,8 @@ _PARTICIPANTS_LOCK = threading.Lock()
 
 def _participant_memo(snapshot: GraphSnapshot) -> dict[Hashable, Any]:
     """Per snapshot: ``("catalog", owner_catalog)`` → :func:`_catalog_aliases`, ``(owner_catalog, i)`` →
-    :func:`_participant_matches`. Both read only the snapshot and the catalog, so the top scored nodes a scene
-    keeps finding are matched once (racing threads store equal values)."""
+    :func:`_contributions`. Both read only the snapshot and the catalog, so the top scored nodes a scene keeps
+    finding are matched once (racing threads store equal values)."""
     with _PARTICIPANTS_LOCK:
         memo = _PARTICIPANTS.get(snapshot)
         if memo is None or len(memo) >= MAX_PARTICIPANT_MEMO:
@@ -272,19 +345,29 @@ def _participant_memo(snapshot: GraphSnapshot) -> dict[Hashable, Any]:
         return memo
 
 
-def _participant_matches(
+#: What one scored row adds to an owner candidate: ``(owner key, owner name, base, cap, divisor, source,
+#: reason)``, the score being ``base + min(cap, w / divisor)`` for the row's weighted score ``w``.
+_Contribution = tuple[str, str, float, float, float, str, str]
+
+
+def _contributions(
     snapshot: GraphSnapshot, i: int, catalog: list[tuple[str, str, list[tuple[str, str]]]]
-) -> tuple[tuple[str, str, str], ...]:
-    """``(owner key, owner name, alias)`` of each catalog owner named in node ``i``'s participant text, by its
-    first (longest) alias that occurs, in catalog order."""
-    text = _participant_text(snapshot, i)
+) -> tuple[_Contribution, ...]:
+    """What node ``i`` adds to the scene-owner candidates as a scored row (see the module docstring): a
+    character POV → its owner; any other node → each catalog owner named in its participant text, by its first
+    (longest) alias that occurs, in catalog order."""
+    if int(snapshot.type_code[i]) == _POV and int(snapshot.owner_type_code[i]) == 1:
+        key, name = resolve_pov_owner(snapshot, i)
+        return ((key, name, POV_BASE, POV_CAP, POV_DIVISOR, "candidate-pov-owner", "pov-memory"),) if key else ()
+    text = _participant_text(snapshot, i) if catalog else ""
     if not text:
         return ()
     found = []
     for key, name, aliases in catalog:
         for alias, folded in aliases:
             if term_occurs(text, folded):
-                found.append((key, name, alias))
+                found.append((key, name, PARTICIPANT_BASE, PARTICIPANT_CAP, PARTICIPANT_DIVISOR,
+                              "objective-participant", f"participant:{alias}"))
                 break
     return tuple(found)
 
@@ -299,33 +382,29 @@ def scene_owner_candidates(state: RecallState, selection: SelectionSettings) -> 
         cand.sources.extend(s for s in c.sources if s not in cand.sources)
         cand.reasons.extend(r for r in c.reasons if r not in cand.reasons)
 
-    def add(key: str, name: str, score: float, source: str, reason: str) -> None:
-        merged.setdefault(key, _Candidate(key, name)).add(score, source, reason)
-
     snap = state.snapshot
     table = state.scored
     limit = min(len(table), max(llm_pool_size(selection), CANDIDATE_SCAN_MIN))
+    if not limit:
+        return _ordered(merged)
     memo = _participant_memo(snap)
     catalog_key = ("catalog", state.context.owner_catalog)
-    catalog = (memo[catalog_key] if catalog_key in memo else memo.setdefault(catalog_key, _catalog_aliases(state))) \
-        if limit else []
-    for r in range(limit):
-        i = int(table.index[r])
-        w = float(table.weighted_score[r])
-        if int(snap.type_code[i]) == _POV and int(snap.owner_type_code[i]) == 1:
-            key, name = resolve_pov_owner(snap, i)
-            if key:
-                add(key, name, POV_BASE + min(POV_CAP, w / POV_DIVISOR), "candidate-pov-owner", "pov-memory")
-            continue
-        if not catalog:
-            continue
-        match_key = (state.context.owner_catalog, i)
-        matches = memo.get(match_key)
-        if matches is None:
-            matches = memo[match_key] = _participant_matches(snap, i, catalog)
-        for key, name, alias in matches:
-            score = PARTICIPANT_BASE + min(PARTICIPANT_CAP, w / PARTICIPANT_DIVISOR)
-            add(key, name, score, "objective-participant", f"participant:{alias}")
+    catalog = memo[catalog_key] if catalog_key in memo else memo.setdefault(catalog_key, _catalog_aliases(state))
+    for i, w in zip(table.index[:limit].tolist(), table.weighted_score[:limit].tolist(), strict=True):
+        row_key = (state.context.owner_catalog, i)
+        contributions = memo.get(row_key)
+        if contributions is None:
+            contributions = memo[row_key] = _contributions(snap, i, catalog)
+        for key, name, base, cap, divisor, source, reason in contributions:
+            target = merged.get(key)
+            if target is None:
+                target = merged[key] = _Candidate(key, name)
+            target.add(base + min(cap, w / divisor), source, reason)
+    return _ordered(merged)
+
+
+def _ordered(merged: dict[str, _Candidate]) -> tuple[OwnerCandidate, ...]:
+    """The merged candidates by score desc, name, key; the first :data:`MAX_CANDIDATES`."""
     for cand in merged.values():
         cand.score = round(cand.score, 9)  # sums of reference constants without binary noise
     ordered = sorted(merged.values(), key=lambda c: (-c.score, c.name, c.key))
@@ -394,41 +473,10 @@ class OwnerStage(TimedStage):
 
     # -- helpers ---------------------------------------------------------------------------------------------
 
-    def _admit(self, state: RecallState, idx: np.ndarray) -> np.ndarray:
-        # The scoring gate's owners (state.context), as a scene: verdicts are shared by recalls of one scene.
-        return admissible(state, idx, context=self.context, scoring=self.scoring, require_active=True,
-                          owner_context=scene_context(state.context))
-
-    @staticmethod
-    def _recency(snap: GraphSnapshot, idx: np.ndarray) -> np.ndarray:
-        end = snap.seq_end[idx]
-        return np.where(np.isnan(end), snap.seq[idx].astype(np.float64), end)
-
-    @staticmethod
-    def _neighbours(snap: GraphSnapshot, i: int) -> np.ndarray:
-        """Other endpoints of node ``i``'s active edges, in edge-list order, unique."""
-        pos = np.asarray(snap.active_edges_of(i), dtype=np.int64)
-        if pos.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        src, dst = snap.edge_src[pos], snap.edge_dst[pos]
-        other = np.where(src == i, dst, src)
-        # A node has a handful of edges: an ordered dict dedupes them faster than np.unique + sort.
-        return np.array(list(dict.fromkeys(other.tolist())), dtype=np.int64)
-
-    @staticmethod
-    def _neighbourhood(snap: GraphSnapshot, idx: np.ndarray) -> np.ndarray:
-        """Sorted unique other endpoints of the active edges of the nodes ``idx`` (a gather of their CSR rows)."""
-        if idx.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        indptr = snap.incident.indptr
-        starts = indptr[idx].astype(np.int64)
-        lens = indptr[idx + 1].astype(np.int64) - starts
-        total = int(lens.sum())
-        if total == 0:
-            return np.zeros(0, dtype=np.int64)
-        offsets = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(total, dtype=np.int64)
-        pos = snap.incident.data[offsets].astype(np.int64) - 1
-        return np.union1d(snap.edge_src[pos], snap.edge_dst[pos])
+    def _admit(self, state: RecallState, idx: Sequence[int], scene: ContextInfo) -> list[bool]:
+        # ``scene``: the scoring gate's owners (state.context) as a scene: verdicts are shared by its recalls.
+        return admissible(state, np.array(idx, dtype=np.int64), context=self.context, scoring=self.scoring,
+                          require_active=True, owner_context=scene).tolist()
 
     def _owner_pov_rows(self, state: RecallState, keys: Sequence[str]) -> dict[str, int]:
         """Best-ranked scored pov_memory node index of each owner key (base-key comparison)."""
@@ -438,10 +486,14 @@ class OwnerStage(TimedStage):
         found: dict[str, int] = {}
         if not wanted or len(table) == 0:
             return found
-        pov_rows = np.flatnonzero(snap.type_code[table.index] == _POV)
-        for r in pov_rows.tolist():  # scored rows only, in ranking order; stops once every owner is found
-            i = int(table.index[r])
-            base = owner_base_key(resolve_pov_owner(snap, i)[0])
+        memo = _memo(snap)
+        types = memo.types
+        for i in table.index.tolist():  # scored rows only, in ranking order; stops once every owner is found
+            if types[i] != _POV:
+                continue
+            base = memo.pov_base.get(i)
+            if base is None:
+                base = memo.pov_base[i] = owner_base_key(_pov_owner(snap, memo, i)[0])
             if base in wanted and base not in found:
                 found[base] = i
                 if len(found) == len(wanted):
@@ -472,14 +524,15 @@ class OwnerStage(TimedStage):
 
         origin_default = "llm" if (state.llm or {}).get("status") == "llm" else "score"
         origins: dict[int, str] = {i: ("owner-pov" if i in front else origin_default) for i in augmented}
+        # The scoring gate's scene (state.context's owners): what admission and the story-time verdicts read.
+        scene = scene_context(state.context)
         final = (
-            self._keep_top_ranked(state, selection, self._reconstruct(state, augmented, limit, origins), limit,
-                                  origins, origin_default)
+            self._keep_top_ranked(state, selection, self._reconstruct(state, augmented, limit, origins, scene),
+                                  limit, origins, origin_default)
             if self.settings.enable_scene_reconstruction
             else augmented
         )
 
-        owner_ctx = with_owners(state.context, keys, mode)
         names = {c.owner_key: c.owner_name for c in candidates}
         meta = state.with_meta(
             sceneOwnerCandidates=[
@@ -499,7 +552,7 @@ class OwnerStage(TimedStage):
             activeCharacterPovOwners=[
                 names.get(k) or k.split(":", 1)[-1].split("#", 1)[0] for k in keys if k.startswith("character:")
             ],
-            **self._selected_meta(state, final, owner_ctx),
+            **self._selected_meta(state, final, scene, scene_context(scene, keys, mode)),
             selectionOrigins={snap.ids[i]: origins[i] for i in final},
             ownerPovAugmented=[snap.ids[i] for i in front if i in final],
             sceneReconstructionAdded=[snap.ids[i] for i in final if origins[i] == "scene-reconstruction"],
@@ -548,144 +601,142 @@ class OwnerStage(TimedStage):
         return out
 
     def _reconstruct(
-        self, state: RecallState, selected: list[int], limit: int, origins: dict[int, str]
+        self, state: RecallState, selected: list[int], limit: int, origins: dict[int, str], scene: ContextInfo
     ) -> list[int]:
-        """Scene reconstruction (§3.16 step 3) restricted to admissible nodes (departure 2)."""
+        """Scene reconstruction (§3.16 step 3) restricted to admissible nodes (departure 2).
+
+        Plain Python over the few dozen nodes involved: each node's neighbour lists (already filtered by type
+        and ordered as the expansion reads them) and each event's nearest-first events come from the snapshot's
+        memo (:func:`_walk_list`), so a walk only reads lists and the verdicts of this recall's admission.
+        """
         snap = state.snapshot
+        memo = _memo(snap)
+        types, archived = memo.types, memo.archived
         out: list[int] = []
         seen: set[int] = set()
-        # Verdict of each node judged in this reconstruction: -1 not judged yet, else 0/1. Admission is per node,
-        # so an array indexed by node (vectorised gathers) gives the same verdicts as judging every call afresh.
-        admit_cache = np.full(snap.n, -1, dtype=np.int8)
+        # Verdict of each node judged in this reconstruction. Admission is per node, so judging a node once, in
+        # any batch, gives the verdict every call would have given.
+        verdict: dict[int, bool] = {}
 
-        def admit(idx: np.ndarray) -> np.ndarray:
-            todo = idx[admit_cache[idx] < 0]
-            if todo.size:
-                admit_cache[todo] = self._admit(state, todo)
-            return admit_cache[idx] == 1
+        def judge(nodes: Sequence[int]) -> None:
+            todo = [j for j in nodes if j not in verdict]
+            if todo:
+                verdict.update(zip(todo, self._admit(state, todo, scene), strict=True))
+
+        def first_admitted(order: Sequence[int], k: int) -> list[int]:
+            """The first ``k`` admissible nodes of ``order`` (all when fewer); unjudged nodes are judged a block
+            at a time."""
+            found: list[int] = []
+            for pos, j in enumerate(order):
+                ok = verdict.get(j)
+                if ok is None:
+                    judge(order[pos:pos + _EVENT_BLOCK])
+                    ok = verdict[j]
+                if ok:
+                    found.append(j)
+                    if len(found) >= k:
+                        break
+            return found
+
+        def nearest_events(e: int) -> list[int]:
+            prefix, complete = _walk_list(snap, memo, "near", e)
+            found = first_admitted(prefix, NEAREST_EVENTS)
+            if len(found) >= NEAREST_EVENTS or complete:
+                return found
+            # Rare: fewer than 2 of the nearest events are admissible; rank on (window, then every event).
+            order, whole = _nearest_order(snap, memo, e, window=True)
+            found = first_admitted(order.tolist(), NEAREST_EVENTS)
+            if len(found) >= NEAREST_EVENTS or whole:
+                return found
+            order, _ = _nearest_order(snap, memo, e, window=False)
+            found = []
+            for lo in range(0, order.size, _EVENT_BLOCK):  # a long chat has thousands: a block at a time
+                found.extend(first_admitted(order[lo:lo + _EVENT_BLOCK].tolist(), NEAREST_EVENTS - len(found)))
+                if len(found) >= NEAREST_EVENTS:
+                    break
+            return found
 
         def add(i: int, origin: str) -> bool:
-            if len(out) >= limit or i in seen or bool(snap.archived[i]):
+            if len(out) >= limit or i in seen or archived[i]:
                 return False
             seen.add(i)
             out.append(i)
             origins.setdefault(i, origin)
             return True
 
-        def events_by_seq() -> tuple[np.ndarray, np.ndarray]:
-            # Every event of the chat sorted by seq, and their seq: once per snapshot, not per recall.
-            def build() -> tuple[np.ndarray, np.ndarray]:
-                ev = np.flatnonzero(snap.type_code == _EVENT)
-                ev = ev[np.argsort(snap.seq[ev], kind="stable")]
-                return ev, snap.seq[ev]
-
-            return cached(snap, ("owners", "events-by-seq"), build)[0]
-
-        def nearest_events(e: int) -> list[int]:
-            found = ranked_events(e, window=True)
-            return found if found is not None else ranked_events(e, window=False) or []
-
-        def ranked_events(e: int, *, window: bool) -> list[int] | None:
-            ev, ev_seq = events_by_seq()
-            s = snap.seq[e]
-            if window and ev.size > 2 * _EVENT_BLOCK:
-                # Every event within seq distance d of e, d set by the _EVENT_BLOCK-th neighbour on each side:
-                # ranked among themselves they are a prefix of the full nearest-first order.
-                p = int(np.searchsorted(ev_seq, s))
-                left = int(s - ev_seq[p - _EVENT_BLOCK]) if p >= _EVENT_BLOCK else None
-                right = int(ev_seq[p + _EVENT_BLOCK] - s) if p + _EVENT_BLOCK < ev.size else None
-                d = min(x for x in (left, right) if x is not None)
-                first = int(np.searchsorted(ev_seq, s - d, side="left"))
-                last = int(np.searchsorted(ev_seq, s + d, side="right"))
-                ev = ev[first:last]
-            else:
-                window = False
-            ev = ev[ev != e]
-            if ev.size == 0:
-                return None if window else []
-            seq = snap.seq[ev]
-            dist = np.abs(seq - snap.seq[e])
-            order = np.lexsort((snap.id_rank[ev], -seq, dist))  # nearest, then higher seq, then node id
-            # Admission is per node, so walking the nearest-first order in blocks and stopping once enough are
-            # admitted picks the same events as admitting every event first (a long chat has thousands).
-            found: list[int] = []
-            for lo in range(0, order.size, _EVENT_BLOCK):
-                block = ev[order[lo:lo + _EVENT_BLOCK]]
-                found.extend(block[admit(block)].tolist())
-                if len(found) >= NEAREST_EVENTS:
-                    break
-            if window and len(found) < NEAREST_EVENTS:
-                return None
-            return found[:NEAREST_EVENTS]
-
-        def by_recency(idx: np.ndarray, k: int) -> list[int]:
-            if idx.size == 0:
-                return []
-            order = np.lexsort((snap.id_rank[idx], -snap.importance[idx], -self._recency(snap, idx)))
-            return idx[order[:k]].tolist()
-
         def expand_event(e: int) -> None:
-            nb = self._neighbours(snap, e)
-            nb = nb[_EVENT_NEIGHBOR_MASK[snap.type_code[nb]]]
-            for j in nb[admit(nb)].tolist():
+            neighbours = _walk_list(snap, memo, "event", e)
+            for j in first_admitted(neighbours, len(neighbours)):
                 add(j, "scene-reconstruction")
             for j in nearest_events(e):
                 add(j, "scene-reconstruction")
 
         def expand_pov(p: int) -> None:
-            nb = self._neighbours(snap, p)
-            for j in by_recency(nb[admit(nb)], POV_NEIGHBORS):
-                if add(j, "scene-reconstruction") and int(snap.type_code[j]) == _EVENT:
+            for j in first_admitted(_walk_list(snap, memo, "pov", p), POV_NEIGHBORS):
+                if add(j, "scene-reconstruction") and types[j] == _EVENT:
                     expand_event(j)
 
         def expand_entity(c: int) -> None:
-            nb = self._neighbours(snap, c)
-            nb = nb[snap.type_code[nb] == _EVENT]
-            for j in by_recency(nb[admit(nb)], ENTITY_EVENTS):
+            for j in first_admitted(_walk_list(snap, memo, "entity", c), ENTITY_EVENTS):
                 if add(j, "scene-reconstruction"):
                     expand_event(j)
 
         expanders: dict[int, Callable[[int], None]] = {
             _EVENT: expand_event, _POV: expand_pov, _CHARACTER: expand_entity, _LOCATION: expand_entity,
         }
-        # Each admission call has a fixed cost of a few vectorised passes: judge the two-hop neighbourhood of
-        # the selection in one call up front (admission is per node, so the verdicts are the same).
-        if selected:
-            near = self._neighbourhood(snap, np.asarray(selected, dtype=np.int64))
-            admit(np.union1d(near, self._neighbourhood(snap, near[snap.type_code[near] == _EVENT])))
-        for i in selected:
+        # Each admission call has a fixed cost of a few vectorised passes, and the walk usually fills the cap
+        # within the first few selected nodes: judge in one call what it most likely reads for the next
+        # _LOOKAHEAD of them (the verdicts are per node, so this only saves calls).
+        judged_upto = 0
+        for pos, i in enumerate(selected):
             if len(out) >= limit:
                 break
+            if pos >= judged_upto:
+                judged_upto = pos + _LOOKAHEAD
+                judge(_likely_judged(snap, memo, selected[pos:judged_upto]))
             add(i, origins.get(i, "score"))
-            expander = expanders.get(int(snap.type_code[i]))
+            expander = expanders.get(types[i])
             if expander is not None:
                 expander(i)
         return out
 
-    def _selected_meta(self, state: RecallState, final: list[int], owner_ctx: Any) -> dict[str, Any]:
-        """``selectedByBucket/KnowledgeState/StoryTime/Owner`` of reference §3.17."""
+    def _selected_meta(
+        self, state: RecallState, final: list[int], scene: ContextInfo, owner_scene: ContextInfo
+    ) -> dict[str, Any]:
+        """``selectedByBucket/KnowledgeState/StoryTime/Owner`` of reference §3.17: buckets classified with the
+        final owners (``owner_scene``), story time of unscored nodes with the scoring's ``scene``."""
         snap = state.snapshot
+        memo = _memo(snap)
         idx = np.array(final, dtype=np.int64)
         ids = [snap.ids[i] for i in final]
+        timeline_on = self.context.enable_story_timeline if self.context is not None else True
+        # Both classifications are per node and read only the snapshot, the scene and the settings: each node's
+        # verdicts are kept per scene (:meth:`_SnapshotMemo.scene`).
+        buckets, temporal = memo.scene((owner_scene, scene, self.context, timeline_on))
+        missing = [i for i in final if i not in buckets]
+        if missing:
+            found = scope_buckets(snap, np.array(missing, dtype=np.int64), owner_scene, settings=self.context)
+            buckets.update(zip(missing, found.tolist(), strict=True))
         by_bucket: dict[str, list[str]] = {}
-        if idx.size:
-            for nid, bucket in zip(ids, scope_buckets(snap, idx, owner_ctx, settings=self.context).tolist(),
-                                   strict=True):
-                by_bucket.setdefault(str(bucket), []).append(nid)
-        rows = rows_of(state, idx)
+        for nid, i in zip(ids, final, strict=True):
+            by_bucket.setdefault(str(buckets[i]), []).append(nid)
+        rows = rows_of(state, idx).tolist()
         table = state.scored
         visible_owners = state.meta.get("knowledgeVisibleOwnersByNode") or {}
         suppressed_owners = state.meta.get("knowledgeSuppressedOwnersByNode") or {}
-        timeline_on = self.context.enable_story_timeline if self.context is not None else True
-        # Scored rows carry their story-time verdict; the director (element-wise) runs for the others only.
-        unscored = np.flatnonzero(rows < 0)
-        temporal = temporal_director(snap, idx[unscored], state.context, enabled=timeline_on)
-        temporal_row = dict(zip(unscored.tolist(), range(unscored.size), strict=True))
+        # Scored rows carry their story-time verdict; the director runs for the others only.
+        missing = [i for i, r in zip(final, rows, strict=True) if r < 0 and i not in temporal]
+        if missing:
+            director = temporal_director(snap, np.array(missing, dtype=np.int64), scene, enabled=timeline_on)
+            verdicts = zip(map(str, director.bucket.tolist()), (round(w, 3) for w in director.weight.tolist()),
+                           strict=True)
+            temporal.update(zip(missing, verdicts, strict=True))
+        labels = memo.story_label
+        is_pov = snap.is_pov[idx].tolist()
         knowledge: dict[str, dict[str, Any]] = {}
         story: dict[str, dict[str, Any]] = {}
         by_owner: dict[str, list[str]] = {}
-        for p, (i, nid) in enumerate(zip(final, ids, strict=True)):
-            r = int(rows[p])
+        for p, (i, nid, r) in enumerate(zip(final, ids, rows, strict=True)):
             if r >= 0:
                 mode = table.knowledge_mode[r]
                 knowledge[nid] = {
@@ -697,25 +748,24 @@ class OwnerStage(TimedStage):
                     "visibleOwnerKeys": list(visible_owners.get(nid, [])),
                     "suppressedOwnerKeys": list(suppressed_owners.get(nid, [])),
                 }
-                bucket, weight = table.temporal_bucket[r], float(table.temporal_weight[r])
+                bucket, weight = table.temporal_bucket[r], round(float(table.temporal_weight[r]), 3)
             else:
                 knowledge[nid] = {
                     "mode": "selected", "anchored": False, "rescued": False, "ownerCoverage": 0.0,
                     "visibilityScore": 0.0, "visibleOwnerKeys": [], "suppressedOwnerKeys": [],
                 }
-                t = temporal_row[p]
-                bucket, weight = str(temporal.bucket[t]), float(temporal.weight[t])
-            node = snap.node(i)
+                bucket, weight = temporal[i]
+            label = labels.get(i)
+            if label is None:
+                node = snap.node(i)
+                label = labels[i] = node.story_time.describe() or node.story_time_span.describe()
             story[nid] = {
-                "storyTimeLabel": node.story_time.describe() or node.story_time_span.describe(),
+                "storyTimeLabel": label,
                 "temporalBucket": bucket,
-                "temporalWeight": round(weight, 3),
+                "temporalWeight": weight,
             }
-            owner_keys = []
-            if snap.is_pov[i]:
-                owner_keys.append(resolve_pov_owner(snap, i)[0])
-            owner_keys.extend(visible_owners.get(nid, []))
-            for key in _unique_str(owner_keys):
+            visible = visible_owners.get(nid, ())
+            for key in _unique_str([_pov_owner(snap, memo, i)[0], *visible] if is_pov[p] else visible):
                 by_owner.setdefault(key, []).append(nid)
         return {
             "selectedByBucket": by_bucket,
@@ -723,6 +773,109 @@ class OwnerStage(TimedStage):
             "selectedByStoryTime": story,
             "selectedByOwner": by_owner,
         }
+
+
+def _events_by_seq(snap: GraphSnapshot, memo: _SnapshotMemo) -> tuple[np.ndarray, np.ndarray]:
+    """Every event of the chat sorted by seq (stable), and their seq: once per snapshot, not per recall."""
+    if memo.events is None:
+        ev = np.flatnonzero(snap.type_code == _EVENT)
+        ev = ev[np.argsort(snap.seq[ev], kind="stable")]
+        memo.events = (ev, snap.seq[ev])
+    return memo.events
+
+
+def _nearest_order(snap: GraphSnapshot, memo: _SnapshotMemo, e: int, *, window: bool) -> tuple[np.ndarray, bool]:
+    """``(events, whole)``: the events other than ``e`` nearest-first (``|seq − s|``, then higher seq, then node
+    id). With ``window`` and a long chat only those within seq distance d of ``e``, d set by the
+    :data:`_EVENT_BLOCK`-th event on each side: ranked among themselves they are a prefix of the whole order
+    (``whole`` False)."""
+    ev, ev_seq = _events_by_seq(snap, memo)
+    s = snap.seq[e]
+    whole = True
+    if window and ev.size > 2 * _EVENT_BLOCK:
+        p = int(np.searchsorted(ev_seq, s))
+        left = int(s - ev_seq[p - _EVENT_BLOCK]) if p >= _EVENT_BLOCK else None
+        right = int(ev_seq[p + _EVENT_BLOCK] - s) if p + _EVENT_BLOCK < ev.size else None
+        d = min(x for x in (left, right) if x is not None)
+        first = int(np.searchsorted(ev_seq, s - d, side="left"))
+        last = int(np.searchsorted(ev_seq, s + d, side="right"))
+        ev = ev[first:last]
+        whole = False
+    ev = ev[ev != e]
+    if ev.size == 0:
+        return ev, whole
+    seq = snap.seq[ev]
+    return ev[np.lexsort((snap.id_rank[ev], -seq, np.abs(seq - s)))], whole
+
+
+def _neighbours(snap: GraphSnapshot, i: int) -> np.ndarray:
+    """Other endpoints of node ``i``'s active edges, in edge-list order, unique (``i`` itself for a self-loop)."""
+    pos = np.asarray(snap.active_edges_of(i), dtype=np.int64)
+    if pos.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    src, dst = snap.edge_src[pos], snap.edge_dst[pos]
+    other = np.where(src == i, dst, src)
+    # A node has a handful of edges: an ordered dict dedupes them faster than np.unique + sort.
+    return np.array(list(dict.fromkeys(other.tolist())), dtype=np.int64)
+
+
+def _by_recency(snap: GraphSnapshot, idx: np.ndarray) -> tuple[int, ...]:
+    """``idx`` most recent first (recency = ``seqRange[1]``, else ``seq``), then importance, then node id."""
+    end = snap.seq_end[idx]
+    recency = np.where(np.isnan(end), snap.seq[idx].astype(np.float64), end)
+    return tuple(idx[np.lexsort((snap.id_rank[idx], -snap.importance[idx], -recency))].tolist())
+
+
+def _walk_list(snap: GraphSnapshot, memo: _SnapshotMemo, kind: str, i: int) -> Any:
+    """What scene reconstruction reads about node ``i``, built once per snapshot (the walk then keeps the
+    admissible entries, in order):
+
+    * ``"event"``: its neighbours of the event-neighbour types, in edge order;
+    * ``"pov"``: all its neighbours, most recent first (:func:`_by_recency`);
+    * ``"entity"``: its event neighbours, most recent first;
+    * ``"near"``: ``(first events of its nearest-first order, complete)``, at most :data:`_NEAREST_PREFIX`;
+      ``complete`` when that is the whole order.
+    """
+    key = (kind, i)
+    found = memo.walk.get(key)
+    if found is not None:
+        return found
+    if kind == "near":
+        order, whole = _nearest_order(snap, memo, i, window=True)
+        found = (tuple(order[:_NEAREST_PREFIX].tolist()), whole and order.size <= _NEAREST_PREFIX)
+    else:
+        nb = _neighbours(snap, i)
+        if kind == "event":
+            found = tuple(j for j in nb.tolist() if memo.types[j] in _EVENT_NEIGHBOR_CODES)
+        elif kind == "pov":
+            found = _by_recency(snap, nb)
+        else:
+            found = _by_recency(snap, nb[snap.type_code[nb] == _EVENT])
+    if len(memo.walk) >= MAX_WALK_MEMO:
+        memo.walk.clear()
+    memo.walk[key] = found
+    return found
+
+
+def _likely_judged(snap: GraphSnapshot, memo: _SnapshotMemo, selected: Sequence[int]) -> list[int]:
+    """The nodes scene reconstruction of ``selected`` most likely reads the verdict of: the expansion lists of
+    the selected nodes (the first few of the recency-ordered ones) and, for the events among them or likely
+    chosen by them, their event-neighbour lists and first nearest events."""
+    types = memo.types
+    out: list[int] = []
+    events: list[int] = []
+    for i in selected:
+        t = types[i]
+        if t == _EVENT:
+            events.append(i)
+        elif t == _POV or t == _CHARACTER or t == _LOCATION:
+            head = _walk_list(snap, memo, "pov" if t == _POV else "entity", i)[:_LIKELY_HEAD]
+            out.extend(head)
+            events.extend(j for j in head[:_LIKELY_EXPANDED] if types[j] == _EVENT)
+    for e in events:
+        out.extend(_walk_list(snap, memo, "event", e))
+        out.extend(_walk_list(snap, memo, "near", e)[0][:_LIKELY_NEAREST])
+    return out
 
 
 def _unique_str(values: Sequence[str]) -> list[str]:

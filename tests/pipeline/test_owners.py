@@ -176,6 +176,59 @@ class TestSceneReconstruction:
         assert sel(stage().run(state)) == ["c", "e2", "t", "e3", "e1"]
 
 
+#: A long chat for the nearest-event search: 301 events at seq 0..300, one snapshot shared by the recalls below
+#: (the stage keeps per-snapshot lists; the verdicts must still be each recall's own).
+_LONG_CHAT: list = []
+
+
+def long_chat_state(suppressed=(), selection=("ev-150",)):
+    if not _LONG_CHAT:
+        _LONG_CHAT.append(snapshot(graph([node(f"ev-{k}", "event", seq=k) for k in range(301)])))
+    snap = _LONG_CHAT[0]
+    gate = [f"ev-{k}" for k in suppressed if k != 150]
+    return scored_state(snap, [(i, 0.1) for i in snap.ids], selection=list(selection),
+                        meta={"gate_suppressed": gate})
+
+
+class TestNearestEventsInALongChat:
+    @pytest.mark.parametrize(("suppressed", "expected"), [
+        ((), ["ev-151", "ev-149"]),  # distance 1 each: the higher seq first
+        (range(135, 166), ["ev-166", "ev-134"]),  # past the first nearest events, inside the ±64-event window
+        (range(100, 171), ["ev-171", "ev-172"]),
+        (range(60, 241), ["ev-241", "ev-59"]),  # nothing admissible inside the window: the whole order
+        (range(1, 301), ["ev-0"]),  # one admissible event in the whole chat
+        ((), ["ev-151", "ev-149"]),  # the same snapshot again, nothing suppressed
+    ])
+    def test_first_two_admissible_events_nearest_first(self, suppressed, expected):
+        assert sel(stage().run(long_chat_state(suppressed))) == ["ev-150", *expected]
+
+    def test_every_selected_event_is_expanded_up_to_the_cap(self):
+        """Ten selected events, room for all their nearest events: the walk reads past the first few selected
+        nodes (the stage judges admission a few selected nodes at a time). ev-91…ev-120 are suppressed: ev-90
+        falls back to the older side, ev-120 (selected, so kept) to the newer one."""
+        selection = [f"ev-{k}" for k in range(0, 300, 30)]
+        expected = ["ev-0", "ev-1", "ev-2", "ev-30", "ev-31", "ev-29", "ev-60", "ev-61", "ev-59",
+                    "ev-90", "ev-89", "ev-88", "ev-120", "ev-121", "ev-122"]
+        for k in range(150, 300, 30):
+            expected += [f"ev-{k}", f"ev-{k + 1}", f"ev-{k - 1}"]
+        r = stage(max_nodes=40).run(long_chat_state(range(91, 121), selection))
+        assert sel(r) == expected
+        assert sel(stage(max_nodes=10).run(long_chat_state(range(91, 121), selection))) == expected[:10]
+
+    def test_chat_edges(self):
+        assert sel(stage().run(long_chat_state(selection=("ev-0",)))) == ["ev-0", "ev-1", "ev-2"]
+        assert sel(stage().run(long_chat_state(range(250, 300), ("ev-300",)))) == ["ev-300", "ev-249", "ev-248"]
+
+    def test_bounded_walk_memo_gives_the_same_selection(self, monkeypatch):
+        """Emptying the per-snapshot lists at every insertion changes nothing but the cost."""
+        import memory_recall.pipeline.owners as owners_module
+
+        expected = sel(stage().run(scene_state()))
+        monkeypatch.setattr(owners_module, "MAX_WALK_MEMO", 1)
+        assert sel(stage().run(scene_state())) == expected == ["ev-4", "loc-1", "char-a", "ev-5", "ev-0"]
+        assert sel(stage().run(long_chat_state(range(135, 166)))) == ["ev-150", "ev-166", "ev-134"]
+
+
 # --- scene-owner candidates and final owners ----------------------------------------------------------------------
 
 
@@ -378,6 +431,36 @@ class TestMeta:
         assert sel(r) == ["c", "e"]
         assert r.state.meta["selectedByKnowledgeState"]["e"]["mode"] == "selected"
         assert r.state.meta["selectedByStoryTime"]["e"]["temporalBucket"] == "adjacentPast"
+
+    def test_classifications_follow_each_recalls_scene_on_one_snapshot(self):
+        """Buckets and story time are kept per snapshot and scene: recalls of other owners or another story
+        segment on the same snapshot get their own, and coming back to a scene gives its verdicts again."""
+        snap = snapshot(owners_graph())
+
+        def buckets(owner_key):
+            ctx = ContextInfo(owner_keys=(owner_key,), owner_scores=(1.0,), owner_mode="request")
+            state = scored_state(snap, [("ev-1", 0.5), ("pov-a", 0.4), ("pov-b", 0.3)],
+                                 selection=["ev-1", "pov-a", "pov-b"], context=ctx)
+            return stage(reconstruction=False).run(state).state.meta["selectedByBucket"]
+
+        for _ in range(2):
+            assert buckets("character:艾琳") == {"characterPov": ["pov-a"], "objectiveGlobal": ["ev-1"],
+                                                "otherPov": ["pov-b"]}
+            assert buckets("character:露西亚") == {"characterPov": ["pov-b"], "objectiveGlobal": ["ev-1"],
+                                                  "otherPov": ["pov-a"]}
+
+        timeline = TimelineState(segments=(StorySegment(id="s1", order=1), StorySegment(id="s2", order=2)))
+        g = graph([node("c", "character", seq=1), node("e", "event", seq=2, story_time=StoryTime(segment_id="s1"))],
+                  [edge("c", "e")], timeline=timeline)
+        snap = snapshot(g)
+
+        def story(segment, order):
+            ctx = ContextInfo(story_segment_id=segment, story_segment_order=order)
+            r = stage().run(scored_state(snap, [("c", 0.5)], selection=["c"], context=ctx))
+            return r.state.meta["selectedByStoryTime"]["e"]["temporalBucket"]
+
+        for _ in range(2):
+            assert (story("s2", 2), story("s1", 1)) == ("adjacentPast", "current")
 
 
 class TestContract:
