@@ -44,6 +44,7 @@ Skip reasons
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,7 @@ import numpy as np
 from memory_recall.model.graph import Node
 from memory_recall.pipeline._graph_cache import cached
 from memory_recall.pipeline.scoring import take_rows
-from memory_recall.pipeline.state import RecallState, StageResult, StageTrace, timed
+from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import DiversitySettings, SelectionSettings
 from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot
 
@@ -66,6 +67,7 @@ RANGE_TYPES: frozenset[str] = frozenset({"synopsis", "message"})
 
 _WS = re.compile(r"\s+")
 _SCORE_KIND = "weighted_score"
+_NO_KEY, _UNKNOWN = -1, -2  # text-key numbers: no key (never collapses by text), not computed yet
 
 
 def _norm(text: str) -> str:
@@ -91,24 +93,60 @@ def dedup_text_key(node: Node) -> str:
     return " | ".join(parts) if content else ""
 
 
-def _text_keys(snapshot: GraphSnapshot, idx: list[int]) -> list[tuple[str, str] | None]:
-    """``(scope owner key, dedup_text_key)`` of each node of ``idx`` (``None`` without text). Each node's key is
-    computed once per snapshot (nodes never change inside one) and kept in the per-snapshot cache."""
-    known: dict[int, tuple[str, str] | None]
-    known, _ = cached(snapshot, ("dedup-text-keys",), dict)
-    out: list[tuple[str, str] | None] = []
-    for i in idx:
-        if i in known:
-            out.append(known[i])
-            continue
-        text = dedup_text_key(snapshot.node(i))
-        key = (str(snapshot.scope_owner_key[i]), text) if text else None
-        known[i] = key
-        out.append(key)
-    return out
+class _SnapshotKeys:
+    """What dedup derives from one snapshot, in one per-snapshot cache entry.
+
+    ``text_id[i]`` numbers node ``i``'s ``(scope owner key, dedup_text_key)`` (equal keys, equal numbers; ``-1``:
+    no key), computed the first time the node is examined (nodes never change inside a snapshot), ``-2`` before;
+    4 bytes per node plus the keys seen so far. ``ranges`` holds two (n,) masks per range-type set (2 bytes per
+    node).
+    """
+
+    def __init__(self, n: int) -> None:
+        self.text_id = np.full(n, _UNKNOWN, dtype=np.int32)
+        self.numbers: dict[tuple[str, str], int] = {}
+        self.ranges: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self.lock = threading.Lock()  # numbering new keys (two recalls may share the snapshot)
 
 
-class DedupStage:
+def _snapshot_keys(snapshot: GraphSnapshot) -> _SnapshotKeys:
+    value, _ = cached(snapshot, ("dedup-keys",), lambda: _SnapshotKeys(snapshot.n))
+    return value
+
+
+def _text_ids(snapshot: GraphSnapshot, keys: _SnapshotKeys, idx: np.ndarray) -> np.ndarray:
+    """The text-key number of each node of ``idx`` (``-1``: no key); see :class:`_SnapshotKeys`."""
+    ids = keys.text_id[idx]
+    new = ids == _UNKNOWN
+    if bool(new.any()):  # nodes examined for the first time in this snapshot
+        with keys.lock:
+            for i in idx[new].tolist():
+                if keys.text_id[i] == _UNKNOWN:
+                    text = dedup_text_key(snapshot.node(i))
+                    key = (str(snapshot.scope_owner_key[i]), text)
+                    keys.text_id[i] = keys.numbers.setdefault(key, len(keys.numbers)) if text else _NO_KEY
+        ids = keys.text_id[idx]
+    return ids
+
+
+def _range_rows(
+    snapshot: GraphSnapshot, keys: _SnapshotKeys, range_types: frozenset[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(eligible, wide)``: (n,) masks of the nodes of a type of ``range_types`` with a finite message range,
+    and of those whose range spans more than one floor; built once per snapshot and type set (kept in
+    ``keys``)."""
+    ranges = keys.ranges
+    types = tuple(sorted(range_types))
+    masks = ranges.get(types)
+    if masks is None:
+        start, end = snapshot.seq_start, snapshot.seq_end
+        codes = [TYPE_CODE[t] for t in types if t in TYPE_CODE]
+        eligible = ~np.isnan(start) & ~np.isnan(end) & np.isin(snapshot.type_code, codes)
+        masks = ranges[types] = (eligible, eligible & (end > start))
+    return masks
+
+
+class DedupStage(TimedStage):
     """Collapse exact-text and overlapping-range duplicates among the top scored rows; see the module
     docstring for the contract.
 
@@ -138,11 +176,6 @@ class DedupStage:
         llm_pool = max(sel.max_recall_nodes, sel.llm_candidate_pool)
         return max(llm_pool, sel.top_k) * max(1, div.candidate_multiplier)
 
-    def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, trace_fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **trace_fields))
-
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
         if not 0 < self.overlap_ratio <= 1:
             raise ValueError(
@@ -156,57 +189,33 @@ class DedupStage:
         snap = state.snapshot
         w = min(total, self.window())
         idx = np.asarray(table.index[:w], dtype=np.int64)
-
-        # Exact text: one key id per row (−1 = no key); the owner key keeps different owners' POVs apart.
-        key_ids: dict[tuple[str, str], int] = {}
-        kid = np.full(w, -1, dtype=np.int64)
-        for r, key in enumerate(_text_keys(snap, idx.tolist())):  # the window rows only (≤ a few hundred)
-            if key is not None:
-                kid[r] = key_ids.setdefault(key, len(key_ids))
-        same_text = (kid[:, None] == kid[None, :]) & (kid[:, None] >= 0)
-
-        # Range overlap among same-type, same-owner rows of a content-range type.
-        start, end = snap.seq_start[idx], snap.seq_end[idx]
-        codes = snap.type_code[idx]
-        range_codes = [TYPE_CODE[t] for t in sorted(self.range_types) if t in TYPE_CODE]
-        ok = ~np.isnan(start) & ~np.isnan(end) & np.isin(codes, range_codes)
-        # Only rows of a content-range type with a finite range can overlap: the pairwise terms are computed on
-        # those rows alone (often a fraction of the window) and scattered into the (w × w) matrix.
-        sub = np.flatnonzero(ok)
-        same_range = np.zeros((w, w), dtype=bool)
-        if sub.size > 1:
-            s_start, s_end, s_codes = start[sub], end[sub], codes[sub]
-            wide = s_end > s_start
-            # Owner keys as integer codes (first-seen order; only equality is used): one comparison of codes
-            # instead of a quadratic number of string comparisons.
-            owner_ids: dict[str, int] = {}
-            owners = np.array(
-                [owner_ids.setdefault(str(k), len(owner_ids)) for k in snap.scope_owner_key[idx[sub]].tolist()],
-                dtype=np.int64,
-            )
-            overlap = np.minimum(s_end[:, None], s_end[None, :]) - np.maximum(s_start[:, None], s_start[None, :]) + 1
-            length = s_end - s_start + 1
-            shorter = np.minimum(length[:, None], length[None, :])
-            ratio = np.where(shorter > 0, overlap / np.where(shorter > 0, shorter, 1), 0.0)
-            same_range[np.ix_(sub, sub)] = (
-                (wide[:, None] | wide[None, :])
-                & (s_codes[:, None] == s_codes[None, :])
-                & (owners[:, None] == owners[None, :])
-                & (ratio >= self.overlap_ratio)
-            )
-
-        dup = same_text | same_range
-        kept = np.ones(w, dtype=bool)
+        rows = idx.tolist()
+        cache = _snapshot_keys(snap)
+        # Exact text: equal key numbers (the owner key keeps different owners' POVs apart); -1 = no key.
+        keys = _text_ids(snap, cache, idx).tolist()  # the window rows only (≤ a few hundred)
+        range_prior = self._range_prior(snap, cache, idx)
+        texts = [k for k in keys if k >= 0]
+        kept = [True] * w
         collapsed: dict[int, list[int]] = {}
         reasons: dict[int, str] = {}
-        # Only a row with a duplicate above it can collapse: visit those in ranking order (usually none or few).
-        for r in np.flatnonzero(np.tril(dup, -1).any(axis=1)).tolist():
-            prior = np.flatnonzero(kept[:r] & dup[r, :r])
-            if prior.size:
-                j = int(prior[0])
-                kept[r] = False
-                collapsed.setdefault(j, []).append(r)
-                reasons[r] = "exact-text" if same_text[r, j] else "range-overlap"
+        if range_prior or len(set(texts)) < len(texts):  # else no row has a duplicate: nothing collapses
+            # Rows in ranking order; a row collapses into the best-ranked kept row it duplicates. Kept rows never
+            # change afterwards, so the best kept row of a text is the first kept one.
+            first_kept: dict[int, int] = {}
+            for r, key in enumerate(keys):
+                j = first_kept.get(key, w) if key >= 0 else w
+                for p in range_prior.get(r, ()):
+                    if p >= j:
+                        break
+                    if kept[p]:
+                        j = p
+                        break
+                if j < w:
+                    kept[r] = False
+                    collapsed.setdefault(j, []).append(r)
+                    reasons[r] = "exact-text" if key >= 0 and keys[j] == key else "range-overlap"
+                elif key >= 0:
+                    first_kept[key] = r
 
         ids = snap.ids
         notes = {
@@ -216,9 +225,9 @@ class DedupStage:
         }
         meta = {
             "dedupCollapsed": {
-                ids[int(idx[j])]: [ids[int(idx[r])] for r in rows] for j, rows in sorted(collapsed.items())
+                ids[rows[j]]: [ids[rows[r]] for r in dropped] for j, dropped in sorted(collapsed.items())
             },
-            "dedupReasons": {ids[int(idx[r])]: reason for r, reason in sorted(reasons.items())},
+            "dedupReasons": {ids[rows[r]]: reason for r, reason in sorted(reasons.items())},
         }
         if not reasons:
             new_state = state.evolve(meta=state.with_meta(**meta))
@@ -227,3 +236,32 @@ class DedupStage:
         new_table = take_rows(table, keep_rows)
         new_state = state.evolve(scored=new_table, meta=state.with_meta(**meta))
         return new_state, {**base, "count_in": total, "count_out": len(new_table), "notes": notes}
+
+    def _range_prior(self, snap: GraphSnapshot, cache: _SnapshotKeys, idx: np.ndarray) -> dict[int, list[int]]:
+        """``{window row: [better-ranked window rows it range-overlaps, ascending]}`` for the rows with such a
+        duplicate (usually none). A pair needs a row spanning more than one floor, so only those rows are
+        compared (with every row of a content-range type)."""
+        eligible, wide = _range_rows(snap, cache, self.range_types)
+        if not bool(wide[idx].any()):
+            return {}
+        sub = np.flatnonzero(eligible[idx])
+        nodes = idx[sub]
+        start, end, codes = snap.seq_start[nodes], snap.seq_end[nodes], snap.type_code[nodes]
+        # Owner keys as integer codes (first-seen order; only equality is used).
+        owner_ids: dict[str, int] = {}
+        owners = np.array(
+            [owner_ids.setdefault(str(k), len(owner_ids)) for k in snap.scope_owner_key[nodes].tolist()],
+            dtype=np.int64,
+        )
+        a = np.flatnonzero(wide[nodes])  # positions (in ``sub``) of the multi-floor rows
+        overlap = np.minimum(end[a, None], end[None, :]) - np.maximum(start[a, None], start[None, :]) + 1
+        length = end - start + 1
+        shorter = np.minimum(length[a, None], length[None, :])
+        ratio = np.where(shorter > 0, overlap / np.where(shorter > 0, shorter, 1), 0.0)
+        same = (codes[a, None] == codes[None, :]) & (owners[a, None] == owners[None, :]) & (ratio >= self.overlap_ratio)
+        prior: dict[int, set[int]] = {}
+        for x, y in np.argwhere(same).tolist():
+            r1, r2 = int(sub[a[x]]), int(sub[y])
+            if r1 != r2:
+                prior.setdefault(max(r1, r2), set()).add(min(r1, r2))
+        return {r: sorted(js) for r, js in prior.items()}

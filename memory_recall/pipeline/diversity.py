@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.pipeline.kernels.diversity import dpp_greedy_select
-from memory_recall.pipeline.state import RecallState, StageResult, StageTrace, timed
+from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import DiversitySettings, RerankSettings, SelectionSettings
 
 __all__ = ["DiversityStage"]
@@ -49,7 +49,7 @@ __all__ = ["DiversityStage"]
 _SCORE_KIND = "dpp_quality_final_score"
 
 
-class DiversityStage:
+class DiversityStage(TimedStage):
     """Candidate pool with greedy DPP diversity (reference §3.14); see the module docstring for the contract.
 
     Usage: ``DiversityStage(settings.diversity, settings.selection, settings.rerank,
@@ -76,11 +76,6 @@ class DiversityStage:
             return max(self.selection.max_recall_nodes, self.selection.llm_candidate_pool)
         return self.selection.top_k
 
-    def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, trace_fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **trace_fields))
-
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
         base: dict[str, Any] = {"score_kind": _SCORE_KIND, "score_direction": "higher_is_better"}
         table = state.scored
@@ -89,7 +84,7 @@ class DiversityStage:
             return state, {**base, "skipped": True, "skip_reason": "no-candidates"}
         target = self.target()
         index = np.asarray(table.index, dtype=np.int64)
-        fallback = tuple(int(i) for i in index[:target])
+        fallback = tuple(index[:target].tolist())
         notes: dict[str, Any] = {"target": target, "llm_pool": self.rerank.enabled and self.llm_configured}
 
         def finish(
@@ -116,8 +111,9 @@ class DiversityStage:
         pool_idx = index[:size]
         if size <= target:
             return finish(fallback, size, False, "candidate-pool-too-small")
-        if not bool(state.snapshot.has_vector[pool_idx].all()):
-            notes["missing_embeddings"] = int((~state.snapshot.has_vector[pool_idx]).sum())
+        has_vector = state.snapshot.has_vector[pool_idx]
+        if not bool(has_vector.all()):
+            notes["missing_embeddings"] = int((~has_vector).sum())
             return finish(fallback, size, False, "candidate-embeddings-missing")
         picked = dpp_greedy_select(
             state.snapshot.embeddings[pool_idx],
@@ -127,4 +123,4 @@ class DiversityStage:
         )
         if len(picked) != target:
             return finish(fallback, size, False, "dpp-selection-incomplete")
-        return finish(tuple(int(pool_idx[p]) for p in picked), size, True, "")
+        return finish(tuple(pool_idx[picked].tolist()), size, True, "")

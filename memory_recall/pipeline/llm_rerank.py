@@ -283,7 +283,7 @@ class RerankStage(TimedStage):
 
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
         base_fields: dict[str, Any] = {"score_kind": "selection_rank", "score_direction": "lower_is_better"}
-        pool = list(dict.fromkeys(int(i) for i in state.pool))  # duplicate ids skipped (reference)
+        pool = list(dict.fromkeys(map(int, state.pool)))  # duplicate ids skipped (reference)
         llm = self.providers.llm if self.providers is not None else None
         if not self.settings.enabled:
             meta = self._base_meta("disabled", DISABLED_REASON, len(pool))

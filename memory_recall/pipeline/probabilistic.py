@@ -123,10 +123,11 @@ class ProbabilisticStage(TimedStage):
 
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
         base: dict[str, Any] = {"score_kind": "importance", "score_direction": "higher_is_better"}
-        selection = list(state.selection)
         if not self.settings.enabled or self.settings.chance <= 0:
-            return state, {**base, "count_in": len(selection), "count_out": len(selection), "skipped": True,
+            count = len(state.selection)
+            return state, {**base, "count_in": count, "count_out": count, "skipped": True,
                            "skip_reason": "probabilistic-disabled"}
+        selection = list(state.selection)
         cands = self._candidates(state)
         if cands.size == 0:
             return state, {**base, "count_in": len(selection), "count_out": len(selection), "skipped": True,

@@ -50,14 +50,19 @@ class ReinforcementStage(TimedStage):
         if not state.selection:
             return state, {**base, "skipped": True, "skip_reason": "empty-selection"}
         extra = set(state.probabilistic)
-        reinforced = tuple(dict.fromkeys(i for i in state.selection if i not in extra))
-        snap = state.snapshot
+        if extra:
+            reinforced = tuple(dict.fromkeys(i for i in state.selection if i not in extra))
+            excluded = sum(1 for i in state.selection if i in extra)
+        else:  # the usual case: no probabilistic addition
+            reinforced = tuple(dict.fromkeys(state.selection))
+            excluded = 0
+        ids = state.snapshot.ids
         meta = state.with_meta(
             reinforcement={
-                "ids": [snap.ids[i] for i in reinforced],
+                "ids": [ids[i] for i in reinforced],
                 "importance_step": float(self.settings.importance_step),
             }
         )
-        notes = {"excluded_probabilistic": len([i for i in state.selection if i in extra])}
+        notes = {"excluded_probabilistic": excluded}
         return state.evolve(reinforced=reinforced, meta=meta), {**base, "count_out": len(reinforced),
                                                                 "notes": notes}

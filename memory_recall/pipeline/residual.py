@@ -59,7 +59,7 @@ from memory_recall.pipeline._graph_cache import (
     unique_in_order,
 )
 from memory_recall.pipeline.kernels.residual import residual_novelty, sparse_code_residual
-from memory_recall.pipeline.state import Providers, RecallState, StageResult, StageTrace, timed
+from memory_recall.pipeline.state import Providers, RecallState, TimedStage
 from memory_recall.providers.embedding import embed_query_or_fallback
 from memory_recall.settings import ResidualSettings
 
@@ -68,7 +68,7 @@ __all__ = ["ResidualStage"]
 _SCORE_KIND = "residual_cosine"
 
 
-class ResidualStage:
+class ResidualStage(TimedStage):
     """Residual recall (reference §3.10); see the module docstring for the contract.
 
     Usage: ``ResidualStage(settings.residual, providers).run(state)``.
@@ -79,11 +79,6 @@ class ResidualStage:
     def __init__(self, settings: ResidualSettings, providers: Providers | None = None) -> None:
         self.settings = settings
         self.providers = providers
-
-    def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
 
     # -- steps ---------------------------------------------------------------------------------------------
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -51,6 +49,13 @@ EMPTY_INDEX = np.zeros(0, dtype=np.int64)
 ScoreDirection = Literal["higher_is_better", "lower_is_better", "none"]
 
 
+class _Fresh:
+    """Type of :data:`_FRESH`, the "not given" default of the hand-written dataclass ``__init__`` below."""
+
+
+_FRESH = _Fresh()
+
+
 @dataclass(frozen=True)
 class RecallQuery:
     """What one recall is asked: the user's text, recent context lines and the scene the host reports.
@@ -77,9 +82,12 @@ class RecallQuery:
     host_user_name: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class StageTrace:
-    """What one stage did: counts, time, the kind and direction of the score it produced, why it skipped."""
+    """What one stage did: counts, time, the kind and direction of the score it produced, why it skipped.
+
+    ``notes`` defaults to a new empty dict per trace.
+    """
 
     name: str
     elapsed_ms: float = 0.0
@@ -90,6 +98,32 @@ class StageTrace:
     skipped: bool = False
     skip_reason: str = ""
     notes: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(
+        self,
+        name: str,
+        elapsed_ms: float = 0.0,
+        count_in: int = 0,
+        count_out: int = 0,
+        score_kind: str = "none",
+        score_direction: ScoreDirection = "none",
+        skipped: bool = False,
+        skip_reason: str = "",
+        notes: dict[str, Any] | _Fresh = _FRESH,
+    ) -> None:
+        # The dataclass __init__ of a frozen class sets each field through object.__setattr__; every stage builds
+        # one trace per recall, so the fields go into the instance dict in one update (same values, same order).
+        self.__dict__.update(
+            name=name,
+            elapsed_ms=elapsed_ms,
+            count_in=count_in,
+            count_out=count_out,
+            score_kind=score_kind,
+            score_direction=score_direction,
+            skipped=skipped,
+            skip_reason=skip_reason,
+            notes={} if notes is _FRESH else notes,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -241,28 +275,45 @@ class ScoredTable:
         return int(hits[0]) if hits.size else -1
 
 
+# The empty defaults of a new RecallState (one per recall), built once: frozen values and zero-length arrays
+# (nothing can be written into them), shared like EMPTY_INDEX instead of rebuilt per state.
+_EMPTY_FLOAT = np.zeros(0)
+_NO_ACTIVE = np.zeros(0, dtype=bool)
+_NO_CONTEXT = ContextInfo()
+_NO_PLAN = QueryPlan()
+_VECTOR_OK = VectorStatus()
+_NO_VECTOR_HITS = (EMPTY_INDEX, _EMPTY_FLOAT, _EMPTY_FLOAT)
+_NO_HITS = (EMPTY_INDEX, _EMPTY_FLOAT)
+_NO_CANDIDATES = Candidates()
+_NO_SCORED = ScoredTable()
+
+
 @dataclass(frozen=True)
 class RecallState:
-    """Everything the stages hand on. Built fresh by each stage through :meth:`evolve`."""
+    """Everything the stages hand on. Built fresh by each stage through :meth:`evolve`.
+
+    The defaults of the frozen fields and of the arrays are shared empty values (never written: the state is
+    immutable); ``llm`` and ``meta`` default to new dicts.
+    """
 
     snapshot: GraphSnapshot
     query: RecallQuery
-    context: ContextInfo = field(default_factory=ContextInfo)
-    active: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # (n,) recall-eligible
-    plan: QueryPlan = field(default_factory=QueryPlan)
+    context: ContextInfo = _NO_CONTEXT
+    active: np.ndarray = field(default_factory=lambda: _NO_ACTIVE)  # (n,) recall-eligible
+    plan: QueryPlan = _NO_PLAN
     query_vectors: np.ndarray | None = None  # (q × d), rows aligned with plan.vector_queries
-    vector_status: VectorStatus = field(default_factory=VectorStatus)
-    vector_hits: tuple[np.ndarray, np.ndarray, np.ndarray] = field(
-        default_factory=lambda: (EMPTY_INDEX, np.zeros(0), np.zeros(0))
-    )  # (index, weighted score, raw cosine), merged and ordered (reference §3.7)
+    vector_status: VectorStatus = _VECTOR_OK
+    vector_hits: tuple[np.ndarray, np.ndarray, np.ndarray] = (
+        _NO_VECTOR_HITS  # (index, weighted score, raw cosine), merged and ordered (reference §3.7)
+    )
     vector_raw_hit_count: int = 0
-    bm25_hits: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (EMPTY_INDEX, np.zeros(0)))
+    bm25_hits: tuple[np.ndarray, np.ndarray] = _NO_HITS
     anchors: tuple[tuple[int, str], ...] = ()  # (node index, matched term), exact anchors
     supplemental_anchors: tuple[int, ...] = ()
     residual_hits: tuple[tuple[int, float], ...] = ()
-    diffusion: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (EMPTY_INDEX, np.zeros(0)))
-    candidates: Candidates = field(default_factory=Candidates)
-    scored: ScoredTable = field(default_factory=ScoredTable)
+    diffusion: tuple[np.ndarray, np.ndarray] = _NO_HITS
+    candidates: Candidates = _NO_CANDIDATES
+    scored: ScoredTable = _NO_SCORED
     pool: tuple[int, ...] = ()  # candidate pool after DPP (node indices, pool order)
     selection: tuple[int, ...] = ()  # current selection (node indices, selection order)
     final_owner_keys: tuple[str, ...] = ()
@@ -301,23 +352,36 @@ class RecallState:
 _STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(RecallState))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class StageResult:
     """What ``Stage.run`` returns."""
 
     state: RecallState
     trace: StageTrace
 
+    def __init__(self, state: RecallState, trace: StageTrace) -> None:
+        # One per stage and recall: the instance dict is filled directly (see StageTrace.__init__).
+        self.__dict__.update(state=state, trace=trace)
 
-@contextmanager
-def timed() -> Iterator[list[float]]:
-    """``with timed() as t: ...`` then ``t[0]`` is the elapsed time in milliseconds."""
-    box = [0.0]
-    start = time.perf_counter()
-    try:
-        yield box
-    finally:
-        box[0] = (time.perf_counter() - start) * 1000.0
+
+class _Timer:
+    """The context manager of :func:`timed` (a plain class: a generator-based one costs a few µs per stage)."""
+
+    __slots__ = ("box", "start")
+
+    def __enter__(self) -> list[float]:
+        self.box = [0.0]
+        self.start = time.perf_counter()
+        return self.box
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.box[0] = (time.perf_counter() - self.start) * 1000.0
+
+
+def timed() -> _Timer:
+    """``with timed() as t: ...`` then ``t[0]`` is the elapsed time in milliseconds (also when the block
+    raises)."""
+    return _Timer()
 
 
 @dataclass(frozen=True)
@@ -346,9 +410,10 @@ class TimedStage:
     name: str = ""
 
     def run(self, state: RecallState) -> StageResult:
-        with timed() as elapsed:
-            new_state, fields = self._run(state)
-        return StageResult(new_state, StageTrace(name=self.name, elapsed_ms=elapsed[0], **fields))
+        start = time.perf_counter()
+        new_state, fields = self._run(state)
+        elapsed_ms = (time.perf_counter() - start) * 1000.0
+        return StageResult(new_state, StageTrace(self.name, elapsed_ms, **fields))
 
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
         raise NotImplementedError

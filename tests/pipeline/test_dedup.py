@@ -249,3 +249,75 @@ class TestContract:
         assert_same(a.state.scored, b.state.scored)
         assert a.state.meta == b.state.meta
         assert a.trace.score_kind == "weighted_score" and a.trace.score_direction == "higher_is_better"
+
+
+def _pairwise_reference(snap, index, window: int, ratio: float = 0.8) -> tuple[list[int], dict, dict]:
+    """The module docstring's rules, pair by pair in plain Python: (kept node indices, collapsed, reasons)."""
+    rows = [int(i) for i in index[:window]]
+
+    def text(i: int) -> tuple[str, str] | None:
+        key = dedup_text_key(snap.node(i))
+        return (str(snap.scope_owner_key[i]), key) if key else None
+
+    def same_range(i: int, j: int) -> bool:
+        s1, e1, s2, e2 = (float(v) for v in (snap.seq_start[i], snap.seq_end[i], snap.seq_start[j], snap.seq_end[j]))
+        if any(np.isnan(v) for v in (s1, e1, s2, e2)) or snap.node(i).type != snap.node(j).type:
+            return False
+        if snap.node(i).type not in ("synopsis", "message") or snap.scope_owner_key[i] != snap.scope_owner_key[j]:
+            return False
+        shorter = min(e1 - s1 + 1, e2 - s2 + 1)
+        return (e1 > s1 or e2 > s2) and shorter > 0 and (min(e1, e2) - max(s1, s2) + 1) / shorter >= ratio
+
+    kept: list[int] = []
+    collapsed: dict[str, list[str]] = {}
+    reasons: dict[str, str] = {}
+    for i in rows:
+        for j in kept:  # kept rows in ranking order: the first duplicate is the best-ranked one
+            exact = text(i) is not None and text(i) == text(j)
+            if exact or same_range(i, j):
+                collapsed.setdefault(snap.ids[j], []).append(snap.ids[i])
+                reasons[snap.ids[i]] = "exact-text" if exact else "range-overlap"
+                break
+        else:
+            kept.append(i)
+    order = {snap.ids[i]: r for r, i in enumerate(rows)}
+    collapsed = dict(sorted(collapsed.items(), key=lambda kv: order[kv[0]]))
+    reasons = dict(sorted(reasons.items(), key=lambda kv: order[kv[0]]))
+    return kept + [int(i) for i in index[window:]], collapsed, reasons
+
+
+class TestAgainstPairwiseRules:
+    def test_random_tables_match_the_pairwise_rules(self) -> None:
+        """Random mixes of repeated texts, overlapping summary/message ranges and two POV owners, including
+        chains (a row whose best duplicate was itself dropped) and rows below the window."""
+        rng = np.random.default_rng(7)
+        small = DedupStage(
+            SelectionSettings(top_k=4, max_recall_nodes=4, llm_candidate_pool=4),
+            DiversitySettings(candidate_multiplier=3),
+        )
+        collapsing = 0
+        for case in range(30):
+            nodes = []
+            for k in range(int(rng.integers(2, 18))):
+                type_ = str(rng.choice(["synopsis", "message", "event"]))
+                first = int(rng.integers(0, 8))
+                last = first + (0 if type_ == "message" else int(rng.integers(0, 5)))
+                scope = pov_scope(str(rng.choice(["Alice", "Bob"]))) if rng.random() < 0.4 else None
+                nodes.append(
+                    make_node(
+                        f"c{case}n{k}", type_, importance=float(rng.uniform(0, 10)), seq=first,
+                        seq_range=(first, last), scope=scope, summary=f"text {int(rng.integers(0, 4))}",
+                        title=str(rng.choice(["", "T"])),
+                    )
+                )
+            snap, state = _scored(nodes)
+            for stage in (DedupStage(), small):
+                res = _run(state, stage)
+                kept, collapsed, reasons = _pairwise_reference(snap, state.scored.index, stage.window())
+                assert ids_of(snap, res.state.scored.index) == ids_of(snap, kept)
+                assert res.state.meta["dedupCollapsed"] == collapsed
+                assert list(res.state.meta["dedupCollapsed"]) == list(collapsed)
+                assert res.state.meta["dedupReasons"] == reasons
+                assert list(res.state.meta["dedupReasons"]) == list(reasons)
+                collapsing += bool(reasons)
+        assert collapsing > 20  # the cases do exercise collapsing

@@ -8,7 +8,8 @@ Public function
   unselected index with the largest ``d`` (first index on ties), then — unless it is the last pick or
   ``d_best < 1e-10`` — appends the incremental Cholesky row
   ``c = (q_best·⟨x_best, x⟩·q − Σ_prev C_j[best]·C_j) / sqrt(d_best)`` and sets ``d = max(0, d − c²)``.
-  ``k ≥ n`` returns ``[0, …, n−1]``; ``k ≤ 0`` returns ``[]``.
+  ``k ≥ n`` returns ``[0, …, n−1]``; ``k ≤ 0`` returns ``[]``. Non-finite scores or embeddings (or an
+  overflowing ``q``) raise ``ValueError``.
   Cost O(n²·dim) for the Gram matrix plus O(k²·n) for the rows (n is the candidate pool, tens to a few
   hundred).
 
@@ -42,7 +43,7 @@ def dpp_greedy_select(
     >>> dpp_greedy_select([[1, 0, 0], [0.99, 0.01, 0], [0, 1, 0]], [0.95, 0.9, 0.85], 2)
     [0, 2]
     """
-    x = np.asarray(embeddings, dtype=np.float64)
+    x = np.array(embeddings, dtype=np.float64)  # always a copy: normalised in place below
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     n = s.shape[0]
     if x.ndim != 2 or x.shape[0] != n:
@@ -54,28 +55,38 @@ def dpp_greedy_select(
     if k <= 0:
         return []
 
-    norms = np.linalg.norm(x, axis=1)
-    x = np.divide(x, norms[:, None], out=np.zeros_like(x), where=norms[:, None] > 0)
+    # The same operations as np.linalg.norm(x, axis=1), without its conj() copy.
+    norms = np.sqrt(np.add.reduce(x * x, axis=1))
+    if not bool(np.isfinite(norms).all()):
+        raise ValueError("The 'embeddings' parameter must contain only finite values.")
+    if bool((norms > 0).all()):
+        np.divide(x, norms[:, None], out=x)
+    else:  # a zero row stays zero
+        x = np.divide(x, norms[:, None], out=np.zeros_like(x), where=norms[:, None] > 0)
     q = np.maximum(s, _SCORE_FLOOR) ** quality_weight
     kernel = (q[:, None] * (x @ x.T)) * q[None, :]
     d = q * q + _DIAG_JITTER
+    if not bool(np.isfinite(d).all()):  # then the kernel (|⟨x_i, x_j⟩| ≤ 1) and every row below stay finite
+        raise ValueError("The quality scores ** quality_weight overflow.")
+    # A picked index gets d = -inf and floor = -inf, so d.argmax() only sees unpicked ones: d − c² keeps -inf
+    # there (c is finite), max(0, d − c²) as the reference everywhere else.
+    floor = np.zeros(n)
     chol = np.zeros((k, n))
     n_rows = 0
-    available = np.ones(n, dtype=bool)
     picked: list[int] = []
     for t in range(k):
         # argmax returns the first maximum: ties go to the lowest index, as in the reference.
-        best = int(np.argmax(np.where(available, d, -np.inf)))
+        best = int(d.argmax())
         d_best = float(d[best])
         picked.append(best)
-        available[best] = False
+        d[best] = floor[best] = -np.inf
         if t == k - 1 or d_best < _MIN_GAIN:
             continue
-        row = kernel[best] - chol[:n_rows, best] @ chol[:n_rows]
+        row = chol[n_rows]  # the new Cholesky row, computed in place
+        np.subtract(kernel[best], chol[:n_rows, best] @ chol[:n_rows], out=row)
         row /= math.sqrt(d_best)
-        chol[n_rows] = row
         n_rows += 1
-        d = np.maximum(0.0, d - row * row)
+        d = np.maximum(floor, d - row * row)
     return picked
 
 

@@ -58,6 +58,9 @@ class TestEdgeCases:
             dpp_greedy_select([[1, 0]], [0.5, 0.4], 1)
         with pytest.raises(ValueError, match="finite"):
             dpp_greedy_select([[1, 0], [0, 1]], [0.5, float("nan")], 1)
+        for bad in (float("inf"), float("nan")):
+            with pytest.raises(ValueError, match="'embeddings'.*finite"):
+                dpp_greedy_select([[1, 0], [bad, 1], [0, 1]], [0.5, 0.4, 0.3], 2)
 
     def test_input_not_mutated_and_deterministic(self) -> None:
         rng = np.random.default_rng(3)
