@@ -36,9 +36,11 @@ Invariants
     * ``parts[r].sum() == weighted_score[r]`` (bit-exact when summed in column order).
     * No node removed by the gate appears in ``state.scored``; the gate runs once per node with all of its
       scores (departure 2).
-    * Vectorised over the candidate set; the only per-candidate Python is the lexical field match (it needs
-      the node's fields). Scope, region, story-time and knowledge lookups are array operations, the knowledge
-      gate is O(owners × candidates) (reference §7 item 22 was O(owners² × N) per call).
+    * Vectorised over the candidate set. The lexical field match gathers the candidates' fields from a
+      per-snapshot packed table (each node normalised once, on first use); scope, region, story-time and
+      knowledge lookups are array operations on per-snapshot codes (a node's scope bucket and story-time rule are
+      also remembered per scene / active segment), the knowledge gate is O(owners × candidates) (reference §7
+      item 22 was O(owners² × N) per call). The only per-candidate Python builds the meta's id lists and maps.
 Settings
     ``ScoringSettings`` (graph/vector/importance weights, bucket weights, ``inject_low_confidence_objective_
     memory``, ``fusion``: ``"rrf"`` feeds the hybrid score the reciprocal-rank values of the vector and lexical
@@ -67,26 +69,20 @@ Departures (recall-spec)
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
 from memory_recall.model.graph import PRIMARY_LEXICAL_FIELDS, SECONDARY_LEXICAL_FIELDS, Node
 from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask
-from memory_recall.pipeline.kernels.lexical import (
-    PackedNode,
-    UnitVocab,
-    batch_lexical_scores,
-    pack_node,
-    prepare_node,
-    prepare_sources,
-)
+from memory_recall.pipeline.kernels.lexical import PackedFieldTable, PreparedNode, prepare_node, prepare_sources
 from memory_recall.pipeline.kernels.scoring import hybrid_score
 from memory_recall.pipeline.state import (
     ContextInfo,
@@ -211,10 +207,25 @@ class _SnapshotArrays:
     region_primary_code: np.ndarray  # (n,) int32: primary region, lower-cased
     token_flat_code: np.ndarray  # (T,) int32: every node's region tokens, lower-cased, concatenated
     token_offsets: np.ndarray  # (n + 1,) int64 into token_flat_code
+    # The same tokens as an (n, w) matrix padded with −1 (no code) when no node has more than MAX_TOKEN_COLUMNS
+    # (one gather for a recall's rows instead of a ragged one), else None.
+    token_matrix: np.ndarray | None
     segment_order: dict[str, int]  # story segment id → order
-    point_order: np.ndarray  # (n,) float: order of storyTime.segmentId, NaN when unknown
-    span_start_order: np.ndarray
-    span_end_order: np.ndarray
+    # Story time (temporal_director), what depends on the node only: the first rule that matches whatever the
+    # active segment (0 no story time, 1 point tense future/hypothetical, else _BY_SEGMENT), the start and end
+    # segment orders (span, else point) where both are known (NaN otherwise), a flashback tense.
+    temporal_rule: np.ndarray  # (n,) int8
+    start_order: np.ndarray  # (n,) float64
+    end_order: np.ndarray  # (n,) float64
+    flashback_tense: np.ndarray  # (n,) bool
+    # Knowledge gate: per owner row of ``snapshot.knowledge`` (plus a last row standing for an owner key without
+    # an entry) and node, the part of the verdict that does not depend on the scores (_G_* codes).
+    gate_code: np.ndarray  # (owners + 1, n) uint8
+    visibility: np.ndarray  # (owners, n) float64: the owners' visibility scores, rounded (_rounded_visibility)
+    labels: dict[int, str]  # node index → node_label, filled on use (at most MAX_LABELS entries)
+    # (active segment order, flashback cue) → temporal rule code of every node classified so far ((n,) int8,
+    # −1 = not yet); at most MAX_TEMPORAL_MEMOS entries.
+    temporal_memo: dict[tuple[float, bool], np.ndarray]
 
 
 def _lower_array(values: Sequence[str]) -> np.ndarray:
@@ -232,7 +243,23 @@ def _orders(order: dict[str, int], ids: Sequence[str]) -> np.ndarray:
     return np.array(list(map(order.get, ids)), dtype=np.float64) if len(ids) else np.zeros(0)
 
 
+#: Widest token matrix kept (_SnapshotArrays.token_matrix); a graph with a node holding more uses the ragged form.
+MAX_TOKEN_COLUMNS = 8
+
+
+def _token_matrix(flat: np.ndarray, offsets: np.ndarray, lens: np.ndarray) -> np.ndarray | None:
+    width = int(lens.max()) if lens.size else 0
+    if width > MAX_TOKEN_COLUMNS:
+        return None
+    matrix = np.full((lens.size, width), -1, dtype=np.int32)
+    rows = np.repeat(np.arange(lens.size), lens)
+    matrix[rows, np.arange(flat.size) - offsets[rows]] = flat
+    return matrix
+
+
 def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
+    """The snapshot's :class:`_SnapshotArrays`, built once (O(n) arrays, O(owners × n) bytes for the gate)."""
+
     def build() -> _SnapshotArrays:
         lens = np.fromiter(map(len, snapshot.region_tokens), dtype=np.int64, count=snapshot.n)
         offsets = np.zeros(snapshot.n + 1, dtype=np.int64)
@@ -243,22 +270,57 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
         # Lower-cased as numpy strings (``np.char.lower``), the form the comparisons were defined on.
         vocab: dict[str, int] = {}
         tokens = list(itertools.chain.from_iterable(snapshot.region_tokens))
+        owner_key_code = _encode(list(snapshot.scope_owner_key), vocab)
+        owner_name_code = _encode(_lower_array(snapshot.scope_owner_name).tolist(), vocab)
+        region_primary_code = _encode(_lower_array(snapshot.region_primary).tolist(), vocab)
+        token_codes = _encode(_lower_array(tokens).tolist(), vocab)
+        point = _orders(order, snapshot.segment_id)
+        span_start = _orders(order, snapshot.span_start_segment)
+        span_end = _orders(order, snapshot.span_end_segment)
+        start = np.where(np.isnan(span_start), point, span_start)
+        end = np.where(np.isnan(span_end), point, span_end)
+        known = ~np.isnan(start) & ~np.isnan(end)
+        tense = snapshot.tense_code
+        rule = np.full(snapshot.n, _BY_SEGMENT, dtype=np.int8)
+        rule[(tense == _TENSE_FUTURE) | (tense == _TENSE_HYPOTHETICAL)] = 1
+        rule[~(snapshot.has_story_label | snapshot.has_span_label)] = 0
         return _SnapshotArrays(
             ids=ids,
             vocab=vocab,
-            owner_key_code=_encode(list(snapshot.scope_owner_key), vocab),
-            owner_name_code=_encode(_lower_array(snapshot.scope_owner_name).tolist(), vocab),
-            region_primary_code=_encode(_lower_array(snapshot.region_primary).tolist(), vocab),
-            token_flat_code=_encode(_lower_array(tokens).tolist(), vocab),
+            owner_key_code=owner_key_code,
+            owner_name_code=owner_name_code,
+            region_primary_code=region_primary_code,
+            token_flat_code=token_codes,
             token_offsets=offsets,
+            token_matrix=_token_matrix(token_codes, offsets, lens),
             segment_order=order,
-            point_order=_orders(order, snapshot.segment_id),
-            span_start_order=_orders(order, snapshot.span_start_segment),
-            span_end_order=_orders(order, snapshot.span_end_segment),
+            temporal_rule=rule,
+            start_order=np.where(known, start, np.nan),
+            end_order=np.where(known, end, np.nan),
+            flashback_tense=tense == _TENSE_FLASHBACK,
+            gate_code=_gate_codes(snapshot),
+            visibility=_rounded_visibility(snapshot),
+            labels={},
+            temporal_memo={},
         )
 
     value, _ = cached(snapshot, ("scoring-arrays",), build)
     return value
+
+
+#: Node labels kept per snapshot before the label table is emptied.
+MAX_LABELS = 50_000
+
+
+def _label(snapshot: GraphSnapshot, arrays: _SnapshotArrays, i: int) -> str:
+    """:func:`node_label` of node ``i``, remembered with the snapshot."""
+    label = arrays.labels.get(i)
+    if label is None:
+        label = node_label(snapshot.node(i))
+        if len(arrays.labels) >= MAX_LABELS:
+            arrays.labels.clear()
+        arrays.labels[i] = label  # racing threads store equal values: harmless
+    return label
 
 
 #: Prepared lexical fields kept per snapshot before the table is emptied (bounds memory on a huge graph whose
@@ -266,34 +328,28 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
 MAX_PREPARED_NODES = 50_000
 
 
-def _packed_fields(snapshot: GraphSnapshot) -> tuple[Callable[[int], PackedNode | None], UnitVocab]:
-    """``(fields_of, vocab)``: ``fields_of(i)`` is node ``i``'s lexical fields normalised (:func:`prepare_node`)
-    and packed for :func:`batch_lexical_scores` with the snapshot's unit vocabulary ``vocab``; None when the node
-    has no primary or secondary text (its field match is 0).
+def _field_table(snapshot: GraphSnapshot) -> PackedFieldTable:
+    """The snapshot's :class:`PackedFieldTable`: node ``i``'s lexical fields (name/title primary, the
+    :data:`SECONDARY_LEXICAL_FIELDS` secondary) normalised (:func:`prepare_node`) and packed for the field match;
+    a node without primary or secondary text matches nothing (score 0).
 
-    Prepared lazily, for the candidates a recall actually scores, and kept with the snapshot (departure 11):
-    a node's fields only change with a new store version, i.e. a new snapshot, so the table never goes stale.
+    Packed lazily, for the candidates a recall actually scores, and kept with the snapshot (departure 11): a
+    node's fields only change with a new store version, i.e. a new snapshot, so the table never goes stale. At
+    most :data:`MAX_PREPARED_NODES` nodes are kept (about 1.1 kB each on the bench graph: 55 MB at the bound).
     The scores equal what :func:`~memory_recall.pipeline.kernels.lexical.lexical_score` computes from the node's
     fields on every call (tested); only the normalisation work is saved.
     """
-    def build() -> tuple[dict[int, PackedNode | None], UnitVocab]:
-        return {}, UnitVocab()
+    table, _ = cached(
+        snapshot, ("lexical-fields",), lambda: PackedFieldTable(snapshot.n, MAX_PREPARED_NODES)
+    )
+    return table
 
-    (table, vocab), _ = cached(snapshot, ("lexical-fields",), build)
 
-    def fields_of(i: int) -> PackedNode | None:
-        if i in table:
-            return table[i]
-        raw = snapshot.node(i)
-        primary = [t for key in PRIMARY_LEXICAL_FIELDS for t in raw.field_text(key)]
-        secondary = [t for key in SECONDARY_LEXICAL_FIELDS for t in raw.field_text(key)]
-        node = pack_node(prepare_node(primary, secondary), vocab) if primary or secondary else None
-        if len(table) >= MAX_PREPARED_NODES:
-            table.clear()  # the vocabulary stays: ids only need to be consistent, not dense
-        table[i] = node  # racing threads store equal values: harmless
-        return node
-
-    return fields_of, vocab
+def _prepared_node(snapshot: GraphSnapshot, i: int) -> PreparedNode | None:
+    raw = snapshot.node(i)
+    primary = [t for key in PRIMARY_LEXICAL_FIELDS for t in raw.field_text(key)]
+    secondary = [t for key in SECONDARY_LEXICAL_FIELDS for t in raw.field_text(key)]
+    return prepare_node(primary, secondary) if primary or secondary else None
 
 
 # --- scope buckets (§1.4) -----------------------------------------------------------------------------------
@@ -357,59 +413,95 @@ def scope_buckets(
         return np.full(m, "objectiveGlobal", dtype=object)
     if m == 0:
         return np.zeros(0, dtype=object)
-    arrays = _snapshot_arrays(snapshot)
+    return _SCOPE_CHOICES[_scope_codes(snapshot, _snapshot_arrays(snapshot), idx, context, cfg)]
+
+
+def _scope_codes(
+    snapshot: GraphSnapshot, arrays: _SnapshotArrays, idx: np.ndarray, context: ContextInfo, cfg: ContextSettings
+) -> np.ndarray:
+    """:func:`scope_buckets` (scoped memory on, ``idx`` int64) as indices into :data:`_SCOPE_CHOICES` (int8),
+    remembered per scene (:attr:`_SceneCodes.memo`): only nodes not classified yet in the scene are computed."""
     scene = _scene_codes(snapshot, arrays, context, cfg.enable_region_scoped_objective)
+    memo = scene.memo.get(cfg.enable_pov_memory)
+    if memo is None:
+        # n bytes per scene and setting (at most MAX_SCENES_PER_SNAPSHOT scenes per snapshot); racing threads
+        # may each start one: either is correct.
+        memo = scene.memo.setdefault(cfg.enable_pov_memory, np.full(snapshot.n, -1, dtype=np.int8))
+    codes = memo[idx]
+    missing = codes < 0
+    if missing.any():
+        todo = idx[missing]
+        codes[missing] = memo[todo] = _classify_scope(snapshot, arrays, todo, scene, cfg)
+    return codes
+
+
+def _classify_scope(
+    snapshot: GraphSnapshot, arrays: _SnapshotArrays, idx: np.ndarray, scene: _SceneCodes, cfg: ContextSettings
+) -> np.ndarray:
+    """The :data:`_SCOPE_CHOICES` index of each node of ``idx`` in ``scene`` (first matching condition)."""
+    m = idx.size
     pov = snapshot.is_pov[idx]
-    otype = snapshot.owner_type_code[idx]
-    keys = arrays.owner_key_code[idx]
-    names = arrays.owner_name_code[idx]
+    # The POV conditions only matter for POV rows and the region ones only when the region is on: the others
+    # stay constant (False, or True for "region off").
+    pov_off: np.ndarray | bool = False
+    char_pov: np.ndarray | bool = False
+    user_pov: np.ndarray | bool = False
+    user_default: np.ndarray | bool = False
+    if not cfg.enable_pov_memory:
+        pov_off = pov
+    elif pov.any():
+        otype = snapshot.owner_type_code[idx]
+        keys = arrays.owner_key_code[idx]
+        names = arrays.owner_name_code[idx]
 
-    def owned_by(code: int, owners: tuple[list[int], list[int]] | None) -> np.ndarray:
-        if owners is None:
-            return np.zeros(m, dtype=bool)
-        hit = _equals_any(keys, owners[0]) | _equals_any(names, owners[1])
-        return (otype == code) & hit
+        def owned_by(code: int, owners: tuple[list[int], list[int]] | None) -> np.ndarray | bool:
+            if owners is None:
+                return False
+            hit = _equals_any(keys, owners[0]) | _equals_any(names, owners[1])
+            return pov & (otype == code) & hit
 
-    char_pov = owned_by(1, scene.chars)
-    user_pov = owned_by(2, scene.users)
+        char_pov = owned_by(1, scene.chars)
+        user_pov = owned_by(2, scene.users)
+        if scene.users is None:
+            user_default = pov & (otype == 2)
 
     region_on = scene.region_on
-    current = np.zeros(m, dtype=bool)
-    near = np.zeros(m, dtype=bool)
+    current: np.ndarray | bool = False
+    near: np.ndarray | bool = False
     if region_on:
         primary = arrays.region_primary_code[idx]
         active_codes = scene.active
         adjacent_codes = scene.adjacent
         current = _equals_any(primary, active_codes)
         near = _equals_any(primary, adjacent_codes)
-        tokens, row = _gather_tokens(arrays, idx)
-        if tokens.size:
-            near[row[_equals_any(tokens, active_codes + adjacent_codes)]] = True
+        if arrays.token_matrix is not None:
+            if arrays.token_matrix.shape[1]:
+                tokens = arrays.token_matrix[idx]
+                near |= _equals_any(tokens.ravel(), active_codes + adjacent_codes).reshape(tokens.shape).any(axis=1)
+        else:
+            tokens, row = _gather_tokens(arrays, idx)
+            if tokens.size:
+                near[row[_equals_any(tokens, active_codes + adjacent_codes)]] = True
 
-    conditions = [
-        pov & (not cfg.enable_pov_memory),
-        pov & char_pov,
-        pov & user_pov,
-        pov & (otype == 2) & (scene.users is None),
-        pov,
-        np.full(m, not region_on),
-        current,
-        near,
-    ]
-    return _SCOPE_CHOICES[_first_match(conditions, m)]
+    conditions = [pov_off, char_pov, user_pov, user_default, pov, not region_on, current, near]
+    return _first_match(conditions, m)
 
 
 @dataclass(frozen=True)
 class _SceneCodes:
     """Vocabulary codes of what one scene compares against (``scope_buckets``): ``(owner-key codes, owner-name
     codes)`` of the character and user owners (None when the scene has none), whether the region is on, and the
-    codes of the active and adjacent regions."""
+    codes of the active and adjacent regions. ``memo`` keeps, per ``enable_pov_memory`` value, the scope code
+    (:data:`_SCOPE_CHOICES` index) of every node classified so far in this scene ((n,) int8, −1 = not yet): a
+    node's bucket depends only on the node and the scene, and a recall classifies the same nodes several times
+    (scoring, admission, owners, result) and again in the next recall of the scene."""
 
     chars: tuple[list[int], list[int]] | None
     users: tuple[list[int], list[int]] | None
     region_on: bool
     active: list[int]
     adjacent: list[int]
+    memo: dict[bool, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
 
 #: Scene codes kept per snapshot (weak keys: they die with it); emptied past this many scenes.
@@ -478,12 +570,18 @@ _SCOPE_CHOICES = np.array(
     ],
     dtype=object,
 )
+#: The :data:`SCOPE_BUCKETS` index of each :data:`_SCOPE_CHOICES` entry.
+_CHOICE_BUCKET = np.array([SCOPE_BUCKETS.index(b) for b in _SCOPE_CHOICES.tolist()], dtype=np.intp)
+_GLOBAL_CHOICE = len(_SCOPE_CHOICES) - 1  # objectiveGlobal
+#: Minus the priority of each :data:`SCOPE_BUCKETS` entry (a sort key: higher priority first).
+_NEG_SCOPE_PRIORITY = np.array([-SCOPE_PRIORITY[b] for b in SCOPE_BUCKETS], dtype=np.int64)
 
 
-def _first_match(conditions: Sequence[np.ndarray], m: int) -> np.ndarray:
+def _first_match(conditions: Sequence[np.ndarray | bool], m: int) -> np.ndarray:
     """Per element, the index of the first true condition (``len(conditions)`` when none is): ``np.select``'s
     first-match rule as an integer code, so a caller picks its values from small tables (a few µs for a few
-    hundred nodes, where ``np.select`` over object arrays of names costs tens of µs per call)."""
+    hundred nodes, where ``np.select`` over object arrays of names costs tens of µs per call). A condition may be
+    a plain bool (the same for every element)."""
     stacked = np.empty((len(conditions) + 1, m), dtype=bool)
     for row, cond in enumerate(conditions):
         stacked[row] = cond
@@ -496,14 +594,6 @@ def _equals_any(values: np.ndarray, codes: Sequence[int]) -> np.ndarray:
     out = np.zeros(values.shape[0], dtype=bool)
     for c in codes:
         out |= values == c
-    return out
-
-
-def _lookup_names(names: np.ndarray, table: dict[str, float], default: float) -> np.ndarray:
-    """``table[name]`` for each entry of an object array of names (one vectorised comparison per key)."""
-    out = np.full(names.shape[0], default, dtype=np.float64)
-    for key, value in table.items():
-        out[names == key] = value
     return out
 
 
@@ -547,62 +637,135 @@ def temporal_director(
     ``enabled=False`` → ``undated``, weight 1. Segment orders come from a per-snapshot id → order map.
     """
     idx = np.asarray(node_idx, dtype=np.int64)
+    code, table = _temporal_codes(snapshot, None, idx, context, enabled=enabled)
+    return TemporalResult(
+        bucket=table.bucket[code],
+        weight=table.weight[code],
+        suppressed=table.suppressed[code],
+        rescued=table.rescued[code],
+        reason=table.reason[code],
+    )
+
+
+@dataclass(frozen=True)
+class _TemporalTable:
+    """The outcome of each temporal rule (index = rule code, the last one: no rule matched) for one cue mode."""
+
+    bucket: np.ndarray  # object: bucket name
+    weight: np.ndarray  # float64
+    suppressed: np.ndarray  # bool
+    rescued: np.ndarray  # bool
+    reason: np.ndarray  # object
+    bucket_index: np.ndarray  # intp: index into TEMPORAL_BUCKETS
+    neg_priority: np.ndarray  # int64: minus the bucket priority (a sort key)
+
+
+_BY_SEGMENT = 9  # _SnapshotArrays.temporal_rule: decided by the active segment (rules 2 and later)
+
+
+def _rule_table(rules: Sequence[tuple[str, float, bool, bool, str]]) -> _TemporalTable:
+    bucket = [r[0] for r in rules]
+    return _TemporalTable(
+        bucket=np.array(bucket, dtype=object),
+        weight=np.array([r[1] for r in rules], dtype=np.float64),
+        suppressed=np.array([r[2] for r in rules], dtype=bool),
+        rescued=np.array([r[3] for r in rules], dtype=bool),
+        reason=np.array([r[4] for r in rules], dtype=object),
+        bucket_index=np.array([TEMPORAL_BUCKETS.index(b) for b in bucket], dtype=np.intp),
+        neg_priority=np.array([-TEMPORAL_PRIORITY[b] for b in bucket], dtype=np.int64),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _temporal_table(flashback_cue: bool, future_cue: bool) -> _TemporalTable:
+    # (bucket, weight, suppressed, rescued, reason) of the rules of temporal_director, in order, then the default.
+    return _rule_table(
+        [
+            ("undated", 0.88, False, False, "no-story-time"),
+            ("future", 0.72 if future_cue else 0.2, not future_cue, False, "point-future-tense"),
+            ("undated", 0.92, False, False, "no-active-segment"),
+            ("current", 1.15, False, False, "in-active-segment"),
+            (
+                "flashback",
+                1.02 if flashback_cue else 0.72,
+                False,
+                flashback_cue,
+                "flashback-cue" if flashback_cue else "flashback-tense",
+            ),
+            ("adjacentPast", 1.0, False, False, "recent-past"),
+            ("distantPast", 0.64, False, False, "distant-past"),
+            ("future", 0.74 if future_cue else 0.22, not future_cue, False, "after-active-segment"),
+            ("undated", 0.9, False, False, "unknown-segment"),
+        ]
+    )
+
+
+_DISABLED_TABLE = _rule_table([("undated", 1.0, False, False, "timeline-disabled")])
+_EMPTY_TABLE = _rule_table([("undated", 1.0, False, False, "")])  # only indexed by an empty code array
+
+
+def _temporal_codes(
+    snapshot: GraphSnapshot,
+    arrays: _SnapshotArrays | None,
+    idx: np.ndarray,
+    context: ContextInfo,
+    *,
+    enabled: bool,
+) -> tuple[np.ndarray, _TemporalTable]:
+    """:func:`temporal_director` of ``idx`` (int64) as ``(code, table)``: each node's outcome is row ``code`` of
+    ``table``."""
     m = idx.size
-    if not enabled or m == 0:
-        return TemporalResult(
-            bucket=np.full(m, "undated", dtype=object),
-            weight=np.ones(m),
-            suppressed=np.zeros(m, dtype=bool),
-            rescued=np.zeros(m, dtype=bool),
-            reason=np.full(m, "timeline-disabled" if not enabled else "", object),
-        )
-    arrays = _snapshot_arrays(snapshot)
+    if not enabled:
+        return np.zeros(m, dtype=np.intp), _DISABLED_TABLE
+    if m == 0:
+        return np.zeros(0, dtype=np.intp), _EMPTY_TABLE
+    arrays = arrays or _snapshot_arrays(snapshot)
     active = context.story_segment_order
     if active is None and context.story_segment_id:
         active = arrays.segment_order.get(context.story_segment_id)
     cue = context.cue_mode
-    tense = snapshot.tense_code[idx]
-    has_time = snapshot.has_story_label[idx] | snapshot.has_span_label[idx]
-    point_future = (tense == _TENSE_FUTURE) | (tense == _TENSE_HYPOTHETICAL)
-    point = arrays.point_order[idx]
-    start = np.where(np.isnan(arrays.span_start_order[idx]), point, arrays.span_start_order[idx])
-    end = np.where(np.isnan(arrays.span_end_order[idx]), point, arrays.span_end_order[idx])
-    known = ~np.isnan(start) & ~np.isnan(end)
-    has_active = active is not None
-    a = float(active) if active is not None else np.nan
-    with np.errstate(invalid="ignore"):
-        inside = known & (start <= a) & (a <= end)
-        past = known & (end < a)
-        after = known & (start > a)
-        near = (a - end) <= 2
-    flash = (tense == _TENSE_FLASHBACK) | (cue == "flashback")
-    future_cue = cue == "future"
-    rules: list[tuple[np.ndarray, str, float, bool, bool, str]] = [
-        # (condition, bucket, weight, suppressed, rescued, reason) — first match wins
-        (~has_time, "undated", 0.88, False, False, "no-story-time"),
-        (point_future, "future", 0.72 if future_cue else 0.2, not future_cue, False, "point-future-tense"),
-        (np.full(m, not has_active), "undated", 0.92, False, False, "no-active-segment"),
-        (inside, "current", 1.15, False, False, "in-active-segment"),
-        (
-            past & flash,
-            "flashback",
-            1.02 if cue == "flashback" else 0.72,
-            False,
-            cue == "flashback",
-            "flashback-cue" if cue == "flashback" else "flashback-tense",
-        ),
-        (past & near, "adjacentPast", 1.0, False, False, "recent-past"),
-        (past, "distantPast", 0.64, False, False, "distant-past"),
-        (after, "future", 0.74 if future_cue else 0.22, not future_cue, False, "after-active-segment"),
-    ]
-    # One first-match code per node, then each output read from a table (last entry: no rule matched).
-    code = _first_match([r[0] for r in rules], m)
-    bucket = np.array([*(r[1] for r in rules), "undated"], dtype=object)[code]
-    weight = np.array([*(r[2] for r in rules), 0.9], dtype=np.float64)[code]
-    suppressed = np.array([*(r[3] for r in rules), False], dtype=bool)[code]
-    rescued = np.array([*(r[4] for r in rules), False], dtype=bool)[code]
-    reason = np.array([*(r[5] for r in rules), "unknown-segment"], dtype=object)[code]
-    return TemporalResult(bucket, weight, suppressed, rescued, reason)
+    table = _temporal_table(cue == "flashback", cue == "future")
+    if active is None:  # rule 2 for every node the node-only rules leave
+        return np.minimum(arrays.temporal_rule[idx], 2), table
+    # A node's rule depends on the node, the active segment and whether the cue is flashback: remembered per
+    # (segment, cue) for the nodes classified so far (n bytes each).
+    key = (float(active), cue == "flashback")
+    memo = arrays.temporal_memo.get(key)
+    if memo is None:
+        if len(arrays.temporal_memo) >= MAX_TEMPORAL_MEMOS:
+            arrays.temporal_memo.clear()
+        memo = arrays.temporal_memo.setdefault(key, np.full(snapshot.n, -1, dtype=np.int8))
+    code = memo[idx]
+    missing = code < 0
+    if missing.any():
+        todo = idx[missing]
+        code[missing] = memo[todo] = _classify_time(arrays, todo, key[0], key[1])
+    return code, table
+
+
+#: (active segment, cue) pairs whose temporal codes are kept per snapshot before the memo is emptied.
+MAX_TEMPORAL_MEMOS = 64
+
+
+def _classify_time(arrays: _SnapshotArrays, idx: np.ndarray, a: float, flashback_cue: bool) -> np.ndarray:
+    """The temporal rule code (row of :func:`_temporal_table`) of each node of ``idx`` for the active segment
+    order ``a``."""
+    # Orders are NaN unless both ends are known: every comparison below is then False, as the rules require.
+    start = arrays.start_order[idx]
+    end = arrays.end_order[idx]
+    past = end < a
+    by_segment = _first_match(
+        [
+            (start <= a) & (a <= end),
+            past if flashback_cue else past & arrays.flashback_tense[idx],
+            past & ((a - end) <= 2),
+            past,
+            start > a,
+        ],
+        idx.size,
+    )
+    # The node-only rules (codes 0 and 1) come first; the others are rule 3 onwards (by_segment + 3 ≤ 8 < 9).
+    return np.minimum(arrays.temporal_rule[idx], by_segment + 3)
 
 
 # --- knowledge gate (§1.5) ----------------------------------------------------------------------------------
@@ -660,7 +823,87 @@ def knowledge_gate(
     the **raw cosine** ``vector_raw`` ≥ 0.82 (departure 4), ``lexical`` ≥ 0.85, ``graph`` ≥ 1.1, or in the
     current region with raw cosine ≥ 0.48 or graph ≥ 0.82. ``bucket`` holds scope bucket names.
     """
-    idx = np.asarray(node_idx, dtype=np.int64)
+    index = {b: i for i, b in enumerate(SCOPE_BUCKETS)}
+    bucket_idx = np.fromiter(
+        (index.get(b, -1) for b in np.asarray(bucket, dtype=object).tolist()), dtype=np.intp, count=len(bucket)
+    )
+    return _knowledge_gate(
+        snapshot,
+        None,
+        np.asarray(node_idx, dtype=np.int64),
+        owner_rows,
+        vector_raw,
+        graph,
+        lexical,
+        bucket_idx,
+        inject_low_confidence=inject_low_confidence,
+    )
+
+
+# The score-independent part of one owner's verdict on one node (_SnapshotArrays.gate_code), first match wins:
+# no entry for the owner; manually hidden; mistaken about an objective node; manual-known (and anchored);
+# anchored (known, own character or own POV node); decided by the scores; decided by the scores but reported as
+# manual-known (a manual-known node the arrays do not mark known: the snapshot never builds one).
+_G_NO_OWNER, _G_HIDDEN, _G_MISTAKEN, _G_MANUAL, _G_ANCHORED, _G_SCORED, _G_SCORED_MANUAL = range(7)
+_G_EARLY = np.array([False, True, True, False, False, False, False])  # invisible whatever the scores
+_G_NEUTRAL = np.array([True, True, True, False, False, False, False])  # report visibility and threshold 0
+_G_VISIBLE = np.array([True, False, False, True, True, False, False])  # visible whatever the scores
+_G_ANCHOR = np.array([False, False, False, True, True, False, False])
+_G_BY_SCORES = np.array([False, False, False, False, False, True, True])
+_G_FLOOR = np.where(_G_ANCHOR, 1.0, 0.0)  # anchored: visibility at least 1
+#: Rank of a visible owner's code when merging owners (× (owners + 1), plus owners − position): manual-known,
+#: then anchored, then the first owner.
+_G_RANK = np.array([0, 0, 0, 2, 1, 0, 2], dtype=np.int64)
+#: The gate mode of each code (for _G_SCORED: rescued, soft-visible or suppressed, from the scores).
+_G_MODE = np.array([_NO_OWNER, _HIDDEN, _MISTAKEN, _MANUAL, _ANCHORED, _SUPPRESSED, _MANUAL], dtype=np.intp)
+#: Threshold by SCOPE_BUCKETS index (−1: a name outside SCOPE_BUCKETS), before the POV override.
+_THRESHOLDS = np.array(
+    [_THRESHOLD_OTHER, _THRESHOLD_OTHER, _THRESHOLD_CURRENT, _THRESHOLD_ADJACENT, _THRESHOLD_GLOBAL,
+     _THRESHOLD_OTHER, _THRESHOLD_OTHER]
+)
+_THRESHOLDS_INJECT = np.where(np.arange(7) == SCOPE_BUCKETS.index("objectiveGlobal"), 0.0, _THRESHOLDS)
+_CURRENT_BUCKET = SCOPE_BUCKETS.index("objectiveCurrentRegion")
+
+
+def _gate_codes(snapshot: GraphSnapshot) -> np.ndarray:
+    """(owners + 1, n) uint8 :data:`_G_NO_OWNER` … codes of every owner row and node; the last row (an owner key
+    without an entry) is all :data:`_G_NO_OWNER`. Assigned from the last rule to the first (first match wins)."""
+    know = snapshot.knowledge
+    k, n = know.known.shape
+    codes = np.full((k + 1, n), _G_SCORED, dtype=np.uint8)
+    live = codes[:k]
+    anchored = know.known | know.own_pov
+    live[know.manual_known & ~anchored] = _G_SCORED_MANUAL
+    live[anchored] = _G_ANCHORED
+    live[know.manual_known & anchored] = _G_MANUAL
+    live[know.mistaken & ~snapshot.is_pov[None, :]] = _G_MISTAKEN
+    live[know.hidden] = _G_HIDDEN
+    codes[k] = _G_NO_OWNER
+    return codes
+
+
+def _rounded_visibility(snapshot: GraphSnapshot) -> np.ndarray:
+    """``snapshot.knowledge.visibility`` as float64 rounded to 7 decimals (C order). Stored as float32 in the
+    snapshot: 7 decimals recover the decimal the owner entry holds (0.6, not 0.6000000238), so the weight is the
+    reference's 0.55 + 0.6 × 0.6 = 0.91. The snapshot's own array when rounding changes nothing (no copy)."""
+    vis = np.ascontiguousarray(snapshot.knowledge.visibility, dtype=np.float64)
+    rounded = vis.round(7)
+    return vis if np.array_equal(rounded, vis, equal_nan=True) else rounded
+
+
+def _knowledge_gate(
+    snapshot: GraphSnapshot,
+    arrays: _SnapshotArrays | None,
+    idx: np.ndarray,
+    owner_rows: Sequence[int] | np.ndarray,
+    vector_raw: np.ndarray,
+    graph: np.ndarray,
+    lexical: np.ndarray,
+    bucket_idx: np.ndarray,
+    *,
+    inject_low_confidence: bool,
+) -> GateResult:
+    """:func:`knowledge_gate` of ``idx`` (int64) with the scope buckets as :data:`SCOPE_BUCKETS` indices."""
     m = idx.size
     rows = np.asarray(owner_rows, dtype=np.int64).reshape(-1)
     k = rows.size
@@ -676,78 +919,53 @@ def knowledge_gate(
             coverage=np.ones(m),
             owner_visible=np.zeros((0, m), dtype=bool),
         )
-    bucket = np.asarray(bucket, dtype=object)
+    arrays = arrays or _snapshot_arrays(snapshot)
     raw = np.asarray(vector_raw, dtype=np.float64)
     graph = np.asarray(graph, dtype=np.float64)
     lexical = np.asarray(lexical, dtype=np.float64)
     pov = snapshot.is_pov[idx]
-    objective = ~pov
-    current = bucket == "objectiveCurrentRegion"
-    # First matching condition wins (as np.select, whose fixed cost dominates for the few hundred nodes of a
-    # recall): assign from the last condition to the first.
-    threshold = np.full(m, _THRESHOLD_OTHER)
-    threshold[bucket == "objectiveGlobal"] = 0.0 if inject_low_confidence else _THRESHOLD_GLOBAL
-    threshold[bucket == "objectiveAdjacentRegion"] = _THRESHOLD_ADJACENT
-    threshold[current] = _THRESHOLD_CURRENT
+    threshold = (_THRESHOLDS_INJECT if inject_low_confidence else _THRESHOLDS)[bucket_idx]
     threshold[pov] = _THRESHOLD_POV
-    strong = (
-        (raw >= _RESCUE_VECTOR)
-        | (lexical >= _RESCUE_LEXICAL)
-        | (graph >= _RESCUE_GRAPH)
-        | (current & ((raw >= _RESCUE_CURRENT_VECTOR) | (graph >= _RESCUE_CURRENT_GRAPH)))
-    )
+    current = bucket_idx == _CURRENT_BUCKET
+    strong = (raw >= _RESCUE_VECTOR) | (lexical >= _RESCUE_LEXICAL) | (graph >= _RESCUE_GRAPH)
+    if current.any():
+        strong |= current & ((raw >= _RESCUE_CURRENT_VECTOR) | (graph >= _RESCUE_CURRENT_GRAPH))
+    strong &= ~pov  # only objective nodes are rescued
 
-    know = snapshot.knowledge
-    n_owners = know.known.shape[0]
-    has = (rows >= 0) & (rows < n_owners)
+    # (k, m) gathers from the flat per-snapshot arrays; an owner key without an entry reads the last code row.
+    n_owners, n = arrays.gate_code.shape[0] - 1, arrays.gate_code.shape[1]
+    row_list = rows.tolist()
+    live = [0 <= r < n_owners for r in row_list]
+    at = np.array([r if ok else n_owners for r, ok in zip(row_list, live, strict=True)])[:, None] * n + idx
+    code = arrays.gate_code.ravel().take(at)
     if n_owners:
-        grid = np.ix_(np.where(has, rows, 0), idx)
-        live = has[:, None]
-        hidden = know.hidden[grid] & live
-        mistaken = know.mistaken[grid] & live & objective[None, :]
-        manual = know.manual_known[grid] & live
-        anchored = (know.known[grid] | know.own_pov[grid]) & live
-        # Stored as float32 in the snapshot: 7 decimals recover the decimal the owner entry holds (0.6, not
-        # 0.6000000238), so the weight is the reference's 0.55 + 0.6 × 0.6 = 0.91.
-        vis = np.where(live, np.round(know.visibility[grid].astype(np.float64), 7), 0.0)
+        if not all(live):
+            at = np.array([r if ok else 0 for r, ok in zip(row_list, live, strict=True)])[:, None] * n + idx
+        vis = arrays.visibility.ravel().take(at)
     else:
-        hidden = mistaken = manual = anchored = np.zeros((k, m), dtype=bool)
         vis = np.zeros((k, m))
-    early = hidden | mistaken
-    anchored &= ~early
-    manual &= ~early
-    base = np.maximum(vis, anchored.astype(np.float64))
-    rescued = has[:, None] & ~early & ~anchored & (objective & strong)[None, :]
-    vis_o = np.where(rescued, np.maximum(base, _RESCUE_VISIBILITY), base)
-    thr_o = np.broadcast_to(threshold, (k, m))
-    gated = has[:, None] & ~early
-    visible_o = ~has[:, None] | (gated & (anchored | (vis_o >= thr_o) | rescued))
-    neutral = early | ~has[:, None]  # early returns and missing entries report visibility 0, threshold 0
-    vis_o = np.where(neutral, 0.0, vis_o)
-    thr_o = np.where(neutral, 0.0, thr_o)
-    # First matching condition wins: no entry, hidden, mistaken, manual, anchored, rescued, soft, else suppressed.
-    mode_o = np.full((k, m), _SUPPRESSED, dtype=np.int64)
-    for cond, code in ((visible_o, _SOFT), (rescued, _RESCUED), (anchored, _ANCHORED), (manual, _MANUAL),
-                       (mistaken, _MISTAKEN), (hidden, _HIDDEN)):
-        mode_o[cond] = code
-    mode_o[~has] = _NO_OWNER
+    by_scores = _G_BY_SCORES[code]
+    rescued = by_scores & strong  # objective, not anchored, strong: visibility at least 0.68
+    # base = max(visibility, anchored), raised to 0.68 when rescued.
+    vis_o = np.maximum(vis, np.where(rescued, _RESCUE_VISIBILITY, _G_FLOOR[code]))
+    visible_o = _G_VISIBLE[code] | rescued | (by_scores & (vis_o >= threshold))
+    neutral = _G_NEUTRAL[code]  # early returns and missing entries report visibility 0, threshold 0
+    # Per owner: the code's mode; decided by the scores: rescued (always visible), soft-visible or suppressed.
+    mode_o = np.where(code == _G_SCORED, _SUPPRESSED - visible_o - rescued, _G_MODE[code])
 
     visible = visible_o.any(axis=0)
-    cols = np.arange(m)
-    first = np.argmax(visible_o, axis=0)  # first visible owner; 0 (first owner) when none is visible
-    mode = mode_o[first, cols]
-    vis_anchor = visible_o & ((mode_o == _ANCHORED) | (mode_o == _MANUAL))
-    upgrade = visible & vis_anchor.any(axis=0) & (mode != _ANCHORED) & (mode != _MANUAL)
-    mode = np.where(upgrade, _ANCHORED, mode)
-    mode = np.where(visible & (visible_o & (mode_o == _MANUAL)).any(axis=0), _MANUAL, mode)
+    # The node's mode: manual-known when a visible owner is, else anchored when one is, else the first visible
+    # owner's mode (the first owner's when none is visible): the owner with the highest visible rank wins.
+    rank = visible_o * ((_G_RANK * (k + 1))[code] + np.arange(k, 0, -1)[:, None])
+    mode = mode_o[rank.argmax(axis=0), np.arange(m)]
     return GateResult(
         visible=visible,
         mode=_MODE_ARRAY[mode],
-        reason=np.where(visible, "", _REASON_ARRAY[mode]).astype(object),
-        anchored=(anchored & visible_o).any(axis=0),
-        rescued=(rescued & visible_o).any(axis=0),
-        visibility=vis_o.max(axis=0),
-        threshold=thr_o.max(axis=0),
+        reason=_REASON_ARRAY[np.where(visible, _NO_OWNER, mode)],
+        anchored=_G_ANCHOR[code].any(axis=0),
+        rescued=rescued.any(axis=0),
+        visibility=np.where(neutral, 0.0, vis_o).max(axis=0),
+        threshold=np.where(neutral, 0.0, threshold).max(axis=0),
         coverage=visible_o.sum(axis=0) / k,
         owner_visible=visible_o,
     )
@@ -776,13 +994,6 @@ def take_rows(table: ScoredTable, rows: np.ndarray) -> ScoredTable:
         else:
             values[f.name] = tuple(col[int(r)] for r in rows)
     return ScoredTable(**values)
-
-
-def _column(values: np.ndarray, m: int) -> np.ndarray:
-    arr = np.asarray(values, dtype=np.float64)
-    if arr.shape != (m,):
-        return np.zeros(m)
-    return np.where(np.isfinite(arr), arr, 0.0)
 
 
 def rank_fusion_values(scores: np.ndarray, id_rank: np.ndarray, k: int = RRF_K) -> np.ndarray:
@@ -904,15 +1115,16 @@ class ScoringStage:
         m = idx.size
         if not self.lexical.enable_lexical_boost:
             return np.zeros(m)
-        sources = state.plan.lexical_sources or (normalize_query(state.query.user_message),)
-        prepared = prepare_sources(sources)
+        weight = float(self.lexical.field_match_weight)
         field_match = np.zeros(m)
-        if prepared.items:
-            fields_of, vocab = _packed_fields(state.snapshot)
-            field_match = batch_lexical_scores([fields_of(i) for i in idx.tolist()], prepared, vocab)
-        field_match = field_match * float(self.lexical.field_match_weight)
+        if weight != 0.0:  # a weight of 0 zeroes every (finite, non-negative) field match
+            sources = state.plan.lexical_sources or (normalize_query(state.query.user_message),)
+            snap = state.snapshot
+            field_match = _field_table(snap).scores(
+                idx, prepare_sources(sources), functools.partial(_prepared_node, snap)
+            ) * weight
         if self.lexical.enable_bm25:
-            return np.maximum(field_match, np.clip(bm25, 0.0, 1.0))
+            return np.maximum(field_match, bm25.clip(0.0, 1.0))
         return field_match
 
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
@@ -923,30 +1135,34 @@ class ScoringStage:
         if m_in == 0:
             return state, {**base, "skipped": True, "skip_reason": "no-candidates"}
 
-        # Score-map columns; a node listed twice keeps its first entry.
-        idx_all = np.asarray(cands.index, dtype=np.int64)
-        _, first = np.unique(idx_all, return_index=True)
-        keep_pos = np.sort(first)
-        keep_pos = keep_pos[(idx_all[keep_pos] >= 0) & (idx_all[keep_pos] < snap.n)]
-        graph = _column(cands.graph_score, m_in)[keep_pos]  # co-occurrence boost included (module docstring)
-        vector = _column(cands.vector_score, m_in)[keep_pos]
-        raw = _column(cands.vector_raw, m_in)[keep_pos]
-        bm25 = _column(cands.bm25_score, m_in)[keep_pos]
-        idx = idx_all[keep_pos]
+        # Score-map columns (graph score, co-occurrence boost included: module docstring; vector score; raw
+        # cosine; BM25); a node listed twice keeps its first entry.
+        idx = np.asarray(cands.index, dtype=np.int64)
+        cols = _score_columns((cands.graph_score, cands.vector_score, cands.vector_raw, cands.bm25_score), m_in)
+        keep = _first_entries(idx, snap.n)
+        if keep is not None:
+            idx, cols = idx[keep], cols[:, keep]
 
         # Eligibility (departure 2): archived and inactive nodes never score; hidden or already-gated ones are
         # suppressed for good.
         arrays = _snapshot_arrays(snap)
         prior = {str(x) for x in state.meta.get("gate_suppressed", ())}
         hidden = hidden_mask(state)
-        is_hidden = hidden[idx] if hidden is not None else np.zeros(idx.size, dtype=bool)
+        is_hidden = hidden[idx] if hidden is not None else None
         if prior:
             prior_idx = np.array(sorted(snap.index[x] for x in prior if x in snap.index), dtype=np.int64)
-            is_hidden |= np.isin(idx, prior_idx)
-        eligible = active_mask(state)[idx] & ~snap.archived[idx] & ~is_hidden
-        hidden_ids = arrays.ids[idx[is_hidden]].tolist()
-        dropped_inactive = int((~eligible & ~is_hidden).sum())
-        idx, graph, vector, raw, bm25 = (a[eligible] for a in (idx, graph, vector, raw, bm25))
+            in_prior = np.isin(idx, prior_idx)
+            is_hidden = in_prior if is_hidden is None else is_hidden | in_prior
+        eligible = active_mask(state)[idx] & ~snap.archived[idx]
+        hidden_ids: list[str] = []
+        if is_hidden is not None and is_hidden.any():
+            eligible &= ~is_hidden
+            hidden_ids = arrays.ids[idx[is_hidden]].tolist()
+        n_eligible = int(np.count_nonzero(eligible))
+        dropped_inactive = idx.size - n_eligible - len(hidden_ids)
+        if n_eligible < idx.size:
+            idx, cols = idx[eligible], cols[:, eligible]
+        graph, vector, raw, bm25 = cols
         m = idx.size
 
         lexical = self._lexical(state, idx, bm25)
@@ -972,29 +1188,33 @@ class ScoringStage:
             lexical_weight=delta,
         )
 
+        # Scope buckets and story time as codes into small tables (names, weights, priorities).
         ctx = state.context
-        buckets = scope_buckets(snap, idx, ctx, settings=self.context)
         weights_map = bucket_weights(self.settings)
-        scope_w = (
-            _lookup_names(buckets, weights_map, 1.0) if self.context.enable_scoped_memory else np.ones(m)
-        )
-
+        if self.context.enable_scoped_memory and m:
+            bucket = _CHOICE_BUCKET[_scope_codes(snap, arrays, idx, ctx, self.context)]  # SCOPE_BUCKETS index
+            scope_w = np.array([weights_map[b] for b in SCOPE_BUCKETS])[bucket]
+        else:
+            bucket = np.full(m, _CHOICE_BUCKET[_GLOBAL_CHOICE])
+            scope_w = np.ones(m)
         timeline_on = self.context.enable_story_timeline
         soft = timeline_on and self.context.story_time_soft_directing
-        tr = temporal_director(snap, idx, ctx, enabled=timeline_on)
+        t_code, t_table = _temporal_codes(snap, arrays, idx, ctx, enabled=timeline_on)
 
-        gate_on = self.context.enable_cognitive_memory
         owner_keys = tuple(ctx.owner_keys)
         n_owners = len(owner_keys)
-        if gate_on:
-            gate = knowledge_gate(
+        multiplier = scope_w  # (((scope × knowledge) × coverage) × temporal), factors of 1 left out (exact)
+        gate: GateResult | None = None
+        if self.context.enable_cognitive_memory:
+            gate = _knowledge_gate(
                 snap,
+                arrays,
                 idx,
                 resolve_owner_rows(snap, owner_keys),
                 raw,
                 graph,
                 lexical,
-                buckets,
+                bucket,
                 inject_low_confidence=self.settings.inject_low_confidence_objective_memory,
             )
             know_w = np.where(
@@ -1007,51 +1227,54 @@ class ScoringStage:
                 ),
             )
             cover_w = 1.0 + np.maximum(0.0, gate.coverage - 1.0 / max(1, n_owners)) * _COVERAGE_BONUS
+            multiplier = (multiplier * know_w) * cover_w
             visible = gate.visible
-            modes = gate.mode
         else:
-            gate = None
-            know_w = np.ones(m)
-            cover_w = np.ones(m)
+            know_w = cover_w = np.ones(m)
             visible = np.ones(m, dtype=bool)
-            modes = np.full(m, "disabled", dtype=object)
-        temporal_w = tr.weight if soft else np.ones(m)
-        t_suppressed = visible & tr.suppressed if soft else np.zeros(m, dtype=bool)
+        temporal_w = np.ones(m)
+        t_suppressed = np.zeros(m, dtype=bool)
+        if soft:
+            temporal_w = t_table.weight[t_code]
+            multiplier = multiplier * temporal_w
+            t_suppressed = visible & t_table.suppressed[t_code]
+        stacked = hp.stacked if hp.stacked is not None else np.stack([hp.graph, hp.vector, hp.lexical, hp.importance])
+        parts_by_row = stacked * multiplier  # (4, m): graph, vector, lexical, importance
+        weighted = ((parts_by_row[0] + parts_by_row[1]) + parts_by_row[2]) + parts_by_row[3]
+        parts = parts_by_row.T
 
-        multiplier = ((scope_w * know_w) * cover_w) * temporal_w
-        parts = np.stack([hp.graph, hp.vector, hp.lexical, hp.importance], axis=1) * multiplier[:, None]
-        weighted = ((parts[:, 0] + parts[:, 1]) + parts[:, 2]) + parts[:, 3]
+        # Rank the gate-visible rows (temporally suppressed ones included: temporalBuckets lists them). The scope
+        # priority then the story-time priority (0–5) sort as one key.
+        priority = _NEG_SCOPE_PRIORITY[bucket] * len(TEMPORAL_BUCKETS) + t_table.neg_priority[t_code]
+        order = np.lexsort((snap.id_rank[idx], -hp.score, -weighted, priority))
+        if not visible.all():
+            order = order[visible[order]]
+        kept = order[~t_suppressed[order]] if t_suppressed.any() else order
 
-        # Rank the gate-visible rows (temporally suppressed ones included: temporalBuckets lists them).
-        s_prio = _lookup_names(buckets, {b: float(p) for b, p in SCOPE_PRIORITY.items()}, 0.0)
-        t_prio = _lookup_names(tr.bucket, {b: float(p) for b, p in TEMPORAL_PRIORITY.items()}, 0.0)
-        order = np.lexsort((snap.id_rank[idx], -hp.score, -weighted, -t_prio, -s_prio))
-        order = order[visible[order]]
-        kept = order[~t_suppressed[order]]
-
+        kept_bucket = bucket[kept].tolist()
         table = ScoredTable(
-            index=idx[kept].copy(),
-            final_score=hp.score[kept].copy(),
-            weighted_score=weighted[kept].copy(),
-            graph_score=graph[kept].copy(),
-            vector_score=fused_vector[kept].copy(),
-            lexical_score=fused_lexical[kept].copy(),
-            parts=parts[kept].copy(),
-            decay=hp.decay[kept].copy(),
-            scope_bucket=tuple(buckets[kept].tolist()),
-            scope_weight=scope_w[kept].copy(),
-            knowledge_mode=tuple(modes[kept].tolist()),
-            knowledge_weight=know_w[kept].copy(),
-            knowledge_visibility=(gate.visibility[kept].copy() if gate is not None else np.zeros(kept.size)),
-            owner_coverage=(gate.coverage[kept].copy() if gate is not None else np.ones(kept.size)),
-            owner_coverage_weight=cover_w[kept].copy(),
-            temporal_bucket=tuple(tr.bucket[kept].tolist()),
-            temporal_weight=temporal_w[kept].copy(),
+            index=idx[kept],
+            final_score=hp.score[kept],
+            weighted_score=weighted[kept],
+            graph_score=graph[kept],
+            vector_score=fused_vector[kept],
+            lexical_score=fused_lexical[kept],
+            parts=parts[kept],
+            decay=hp.decay[kept],
+            scope_bucket=tuple(map(SCOPE_BUCKETS.__getitem__, kept_bucket)),
+            scope_weight=scope_w[kept],
+            knowledge_mode=(tuple(gate.mode[kept].tolist()) if gate is not None else ("disabled",) * kept.size),
+            knowledge_weight=know_w[kept],
+            knowledge_visibility=(gate.visibility[kept] if gate is not None else np.zeros(kept.size)),
+            owner_coverage=(gate.coverage[kept] if gate is not None else np.ones(kept.size)),
+            owner_coverage_weight=cover_w[kept],
+            temporal_bucket=tuple(t_table.bucket[t_code[kept]].tolist()),
+            temporal_weight=temporal_w[kept],
         )
 
-        ids = arrays.ids[idx].tolist()
         meta = self._meta(
-            state, table, ids, idx, order, buckets, tr, gate, owner_keys, t_suppressed, hidden_ids, prior
+            state, arrays, table, arrays.ids[idx], idx, order, kept, kept_bucket, t_code, t_table, gate,
+            owner_keys, t_suppressed, hidden_ids, prior, weights_map,
         )
         new_state = state.evolve(scored=table, meta=state.with_meta(**meta))
         notes = {
@@ -1060,8 +1283,8 @@ class ScoringStage:
             "cue_mode": ctx.cue_mode,
             "dropped_inactive": dropped_inactive,
             "dropped_hidden": len(hidden_ids),
-            "knowledge_suppressed": int((~visible).sum()),
-            "temporal_suppressed": int(t_suppressed.sum()),
+            "knowledge_suppressed": int(m - np.count_nonzero(visible)),
+            "temporal_suppressed": int(np.count_nonzero(t_suppressed)),
             "lexical_weight": delta,
         }
         return new_state, {**base, "count_in": m_in, "count_out": len(table), "notes": notes}
@@ -1069,112 +1292,109 @@ class ScoringStage:
     def _meta(
         self,
         state: RecallState,
+        arrays: _SnapshotArrays,
         table: ScoredTable,
-        ids: list[str],
+        row_ids: np.ndarray,
         idx: np.ndarray,
         order: np.ndarray,
-        buckets: np.ndarray,
-        tr: TemporalResult,
+        kept: np.ndarray,
+        kept_bucket: list[int],
+        t_code: np.ndarray,
+        t_table: _TemporalTable,
         gate: GateResult | None,
         owner_keys: tuple[str, ...],
         t_suppressed: np.ndarray,
         hidden_ids: list[str],
         prior: set[str],
+        weights_map: dict[str, float],
     ) -> dict[str, Any]:
+        """The meta of the module docstring. ``row_ids`` (object array) are the node ids of the score-map rows
+        ``idx`` (positions ``p``), ``order`` the gate-visible positions in ranking order, ``kept`` the table's
+        positions (the temporally suppressed ones left out) and ``kept_bucket`` their SCOPE_BUCKETS indices.
+        Nodes with the same owner verdicts share one list object in the per-node owner maps (nothing mutates the
+        meta)."""
         snap = state.snapshot
-        kept_ids = _snapshot_arrays(snap).ids[table.index].tolist()
-        n_rows = len(table)
-        rows = np.arange(n_rows)
+        n_rows = kept.size
+        kept_ids = row_ids[kept].tolist()
+        node_at = table.index.tolist()
 
-        def label(i: int) -> str:
-            return node_label(snap.node(int(i)))
+        def label(row: int) -> str:
+            return _label(snap, arrays, node_at[row])
 
-        lex_rows = rows[table.lexical_score > 0]
-        lex_rows = lex_rows[
-            np.lexsort((lex_rows, -table.final_score[lex_rows], -table.lexical_score[lex_rows]))
-        ]
+        lex = table.lexical_score
+        lex_rows = np.flatnonzero(lex > 0)
+        # Lexical then final score, descending; ties keep the row order (lexsort is stable).
+        top = lex_rows[np.lexsort((-table.final_score[lex_rows], -lex[lex_rows]))][:5]
         lexical_top = [
             {
                 "nodeId": kept_ids[r],
-                "type": snap.type_of(int(table.index[r])),
-                "label": label(table.index[r]),
-                "lexicalScore": round(float(table.lexical_score[r]), 3),
-                "finalScore": round(float(table.final_score[r]), 3),
+                "type": snap.type_of(node_at[r]),
+                "label": label(r),
+                "lexicalScore": round(score, 3),
+                "finalScore": round(final, 3),
             }
-            for r in lex_rows[:5].tolist()
+            for r, score, final in zip(
+                top.tolist(), lex[top].tolist(), table.final_score[top].tolist(), strict=True
+            )
         ]
-        vis_rows = rows[table.knowledge_visibility > 0]
-        vis_rows = vis_rows[np.lexsort((vis_rows, -table.knowledge_visibility[vis_rows]))]
+        visibility = table.knowledge_visibility
+        vis_rows = np.flatnonzero(visibility > 0)
+        top = vis_rows[np.argsort(-visibility[vis_rows], kind="stable")][:6]
         visibility_top = [
             {
                 "nodeId": kept_ids[r],
-                "label": label(table.index[r]),
-                "visibilityScore": round(float(table.knowledge_visibility[r]), 3),
+                "label": label(r),
+                "visibilityScore": round(score, 3),
                 "knowledgeMode": table.knowledge_mode[r],
             }
-            for r in vis_rows[:6].tolist()
+            for r, score in zip(top.tolist(), visibility[top].tolist(), strict=True)
         ]
-        kept_pos = order[~t_suppressed[order]]
         temporal_top = [
             {
-                "nodeId": ids[p],
-                "bucket": tr.bucket[p],
-                "weight": round(float(tr.weight[p]), 3),
-                "label": label(idx[p]),
-                "reason": tr.reason[p],
+                "nodeId": kept_ids[r],
+                "bucket": table.temporal_bucket[r],
+                "weight": round(float(t_table.weight[code]), 3),  # the director's weight, soft directing or not
+                "label": label(r),
+                "reason": t_table.reason[code],
             }
-            for p in kept_pos[:8].tolist()
+            for r, code in enumerate(t_code[kept[:8]].tolist())
         ]
-        scope_map: dict[str, list[str]] = {}
-        for p in kept_pos.tolist():
-            scope_map.setdefault(buckets[p], []).append(ids[p])
-        temporal_map: dict[str, list[str]] = {}
-        for p in order.tolist():  # gate-visible rows, temporally suppressed ones included (reference)
-            temporal_map.setdefault(tr.bucket[p], []).append(ids[p])
-        scope_buckets_meta = {b: scope_map[b] for b in SCOPE_BUCKETS if b in scope_map}
-        temporal_buckets_meta = {b: temporal_map[b] for b in TEMPORAL_BUCKETS if b in temporal_map}
+        # Ids per bucket in ranking order, buckets in priority order (the temporal map lists the gate-visible
+        # rows, temporally suppressed ones included: reference).
+        scope_buckets_meta = _group(kept_ids, kept_bucket, SCOPE_BUCKETS)
+        temporal_buckets_meta = _group(
+            row_ids[order].tolist(), t_table.bucket_index[t_code[order]].tolist(), TEMPORAL_BUCKETS
+        )
 
         # Per-node gate lists in score-map order (the reference appends while it loops over the map).
         if gate is not None:
-            anchored = [ids[p] for p in np.flatnonzero(gate.visible & gate.anchored).tolist()]
-            rescued = [ids[p] for p in np.flatnonzero(gate.visible & gate.rescued).tolist()]
-            suppressed_pos = np.flatnonzero(~gate.visible)
-            suppressed = [ids[p] for p in suppressed_pos.tolist()]
-            reasons = {ids[p]: str(gate.reason[p]) for p in suppressed_pos.tolist()}
-            visible_owners: dict[str, list[str]] = {}
-            suppressed_owners: dict[str, list[str]] = {}
-            if owner_keys:
-                # The (visible, missing) owner lists are built once per distinct visibility column: a few owners
-                # give a handful of patterns for the hundreds of rows. Every node gets its own copies.
-                columns = gate.owner_visible.T.tolist()
-                split: dict[tuple[bool, ...], tuple[list[str], list[str]]] = {}
-                for p in np.flatnonzero(gate.visible).tolist():
-                    col = tuple(columns[p])
-                    lists = split.get(col)
-                    if lists is None:
-                        lists = split[col] = (
-                            [k for k, v in zip(owner_keys, col, strict=True) if v],
-                            [k for k, v in zip(owner_keys, col, strict=True) if not v],
-                        )
-                    visible_owners[ids[p]] = lists[0].copy()
-                    if lists[1]:
-                        suppressed_owners[ids[p]] = lists[1].copy()
+            anchored, rescued, suppressed, reasons, visible_owners, suppressed_owners = _gate_meta(
+                gate, row_ids, owner_keys
+            )
         else:
             anchored, rescued, suppressed, reasons = [], [], [], {}
             visible_owners, suppressed_owners = {}, {}
         for hid in hidden_ids:
             reasons.setdefault(hid, "visibility-filter" if hid not in prior else "gate-suppressed")
-        t_rescued_pos = np.flatnonzero(tr.rescued & (gate.visible if gate is not None else True))
-        gate_suppressed = sorted(prior | set(suppressed) | set(hidden_ids))
+        t_rescued = t_table.rescued[t_code]
+        if gate is not None:
+            t_rescued = t_rescued & gate.visible
+        if prior or hidden_ids:
+            gate_suppressed = sorted(prior | set(suppressed) | set(hidden_ids))
+        elif gate is not None:  # the suppressed ids in id order: snapshot.id_rank ranks the ids as sorted() does
+            out = ~gate.visible
+            gate_suppressed = row_ids[out][np.argsort(snap.id_rank[idx[out]])].tolist()
+        else:
+            gate_suppressed = []
         return {
             "scoredCandidates": n_rows,
-            "lexicalBoostedNodes": int((table.lexical_score > 0).sum()),
+            "lexicalBoostedNodes": int(lex_rows.size),
             "lexicalTopHits": lexical_top,
             "visibilityTopHits": visibility_top,
             "temporalTopHits": temporal_top,
             "scopeBuckets": scope_buckets_meta,
             "temporalBuckets": temporal_buckets_meta,
-            "bucketWeights": bucket_weights(self.settings),
+            "bucketWeights": weights_map,
             "knowledgeGateMode": KNOWLEDGE_GATE_MODE if gate is not None else "disabled",
             "knowledgeAnchoredNodes": anchored,
             "knowledgeSuppressedNodes": suppressed,
@@ -1182,7 +1402,106 @@ class ScoringStage:
             "knowledgeVisibleOwnersByNode": visible_owners,
             "knowledgeSuppressedOwnersByNode": suppressed_owners,
             "visibilitySuppressedReasons": reasons,
-            "temporalSuppressedNodes": [ids[p] for p in np.flatnonzero(t_suppressed).tolist()],
-            "temporalRescuedNodes": [ids[p] for p in t_rescued_pos.tolist()],
+            "temporalSuppressedNodes": row_ids[t_suppressed].tolist(),
+            "temporalRescuedNodes": row_ids[t_rescued].tolist(),
             "gate_suppressed": gate_suppressed,
         }
+
+
+def _gate_meta(
+    gate: GateResult, ids: np.ndarray, owner_keys: tuple[str, ...]
+) -> tuple[list[str], list[str], list[str], dict[str, str], dict[str, list[str]], dict[str, list[str]]]:
+    """The gate's per-node meta in score-map order (``ids``: object array of the gate's node ids): anchored,
+    rescued and suppressed ids, the suppressed ones' reasons, and the visible and missing owner keys of each
+    visible node (missing: only when some owner does not see it). Nodes with the same verdicts share one owner
+    list object."""
+    visible = gate.visible
+    anchored = ids[visible & gate.anchored].tolist()
+    rescued = ids[visible & gate.rescued].tolist()
+    hidden = ~visible
+    suppressed = ids[hidden].tolist()
+    reasons = dict(zip(suppressed, gate.reason[hidden].tolist(), strict=True))
+    visible_owners: dict[str, list[str]] = {}
+    suppressed_owners: dict[str, list[str]] = {}
+    if owner_keys:
+        visible_owners, suppressed_owners = _owner_lists(gate.owner_visible[:, visible], ids[visible], owner_keys)
+    return anchored, rescued, suppressed, reasons, visible_owners, suppressed_owners
+
+
+def _owner_lists(
+    columns: np.ndarray, ids: np.ndarray, owner_keys: tuple[str, ...]
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """``({id: owner keys seeing it}, {id: owner keys not seeing it})`` of the nodes ``ids`` (object array) from
+    their (owners × nodes) visibility ``columns``; the second map only holds nodes some owner does not see.
+    One (seeing, not seeing) pair of lists per distinct column, shared by its nodes: a few owners give a handful
+    of patterns for the hundreds of nodes. A column's pattern is its bits as an integer (a tuple past 62)."""
+    k = len(owner_keys)
+    patterns: list[Any] = (
+        (_POWERS_OF_TWO[:k] @ columns).tolist() if k <= 62 else list(map(tuple, columns.T.tolist()))
+    )
+    seen: dict[Any, list[str]] = {}
+    missing: dict[Any, list[str]] = {}
+    for pattern in dict.fromkeys(patterns):
+        sees, misses = _split_owners(owner_keys, pattern)
+        seen[pattern] = list(sees)
+        missing[pattern] = list(misses)
+    node_ids = ids.tolist()
+    node_missing = list(map(missing.__getitem__, patterns))
+    return (
+        dict(zip(node_ids, map(seen.__getitem__, patterns), strict=True)),
+        dict(itertools.compress(zip(node_ids, node_missing, strict=True), node_missing)),
+    )
+
+
+_POWERS_OF_TWO = 1 << np.arange(62, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_owners(owner_keys: tuple[str, ...], pattern: int | tuple[bool, ...]) -> tuple[tuple[str, ...], ...]:
+    """``(owners seeing, owners not seeing)`` of a visibility pattern (:func:`_owner_lists`); a scene's few
+    patterns recur from recall to recall."""
+    sees = [pattern >> o & 1 for o in range(len(owner_keys))] if isinstance(pattern, int) else pattern
+    return (
+        tuple(itertools.compress(owner_keys, sees)),
+        tuple(itertools.compress(owner_keys, [not v for v in sees])),
+    )
+
+
+def _group(ids: list[str], keys: list[int], names: Sequence[str]) -> dict[str, list[str]]:
+    """``{names[k]: [ids with key k, in order]}`` for the keys present, in ``names`` order."""
+    groups: dict[int, list[str]] = {}
+    for nid, key in zip(ids, keys, strict=True):
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [nid]
+        else:
+            group.append(nid)
+    return {names[k]: groups[k] for k in sorted(groups)}
+
+
+def _score_columns(columns: Sequence[np.ndarray], m: int) -> np.ndarray:
+    """(len(columns), m) float64 of the score-map columns; a column of another shape reads as zeros, non-finite
+    values as 0."""
+    arrays = [np.asarray(values, dtype=np.float64) for values in columns]
+    if all(arr.shape == (m,) for arr in arrays):
+        out = np.array(arrays)
+    else:
+        out = np.zeros((len(columns), m))
+        for r, arr in enumerate(arrays):
+            if arr.shape == (m,):
+                out[r] = arr
+    finite = np.isfinite(out)
+    if not finite.all():
+        out[~finite] = 0.0
+    return out
+
+
+def _first_entries(idx: np.ndarray, n: int) -> np.ndarray | None:
+    """Positions of the first entry of each node of ``idx`` that is a node index of the graph (``0 ≤ i < n``),
+    in order; None when that is every position (the usual score map: no repeat, nothing out of range)."""
+    ordered = np.sort(idx)
+    if ordered[0] >= 0 and ordered[-1] < n and (ordered.size < 2 or (ordered[1:] != ordered[:-1]).all()):
+        return None
+    _, first = np.unique(idx, return_index=True)
+    keep = np.sort(first)
+    return keep[(idx[keep] >= 0) & (idx[keep] < n)]

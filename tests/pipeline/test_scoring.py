@@ -30,9 +30,10 @@ from score_helpers import (
     story,
 )
 
-from memory_recall.model.graph import StoryTimeSpan
+from memory_recall.model.graph import MemoryScope, StoryTimeSpan
 from memory_recall.pipeline.context import detect_cue_mode
 from memory_recall.pipeline.scoring import (
+    SCOPE_BUCKETS,
     ScoringStage,
     explain_row,
     knowledge_gate,
@@ -43,6 +44,7 @@ from memory_recall.pipeline.scoring import (
     temporal_director,
 )
 from memory_recall.pipeline.state import Candidates, ContextInfo
+from memory_recall.settings import ContextSettings
 
 # ------------------------------------------------------------------------------------------------------------
 # Lexical (scenario 6) and hybrid score (scenario 10), through the stage
@@ -125,10 +127,11 @@ class TestLexicalFieldCache:
 
         snap = make_snapshot(self._graph())
         cold = run_scoring(make_state(snap, message)).state
-        (table, vocab), was_cached = cached(snap, ("lexical-fields",), lambda: ({}, None))
-        assert was_cached and sorted(table) == list(range(snap.n))  # filled for every candidate scored
-        assert len(vocab) > 0  # the snapshot's unit vocabulary numbers the packed fields' units
-        assert table[snap.ids.index("blank")] is None
+        table, was_cached = cached(snap, ("lexical-fields",), lambda: None)
+        assert was_cached and sorted(table.keys()) == list(range(snap.n))  # filled for every candidate scored
+        assert len(table.vocab) > 0  # the snapshot's unit vocabulary numbers the packed fields' units
+        assert table.field_texts(snap.ids.index("blank")) == ()  # packed without fields: scores 0
+        assert table.field_texts(snap.ids.index("lic")) == ("lic", "lic")  # the summary, then the joined text
         warm = run_scoring(make_state(snap, message)).state
         assert_same(cold.scored, warm.scored)
         assert cold.meta == warm.meta
@@ -142,20 +145,27 @@ class TestLexicalFieldCache:
 
         snap = make_snapshot(self._graph())
         run_scoring(make_state(snap, "alice", candidates=candidates_for(snap, ["tower", "ev"])))
-        (table, _vocab), _ = cached(snap, ("lexical-fields",), lambda: ({}, None))
-        assert sorted(table) == sorted(snap.ids.index(x) for x in ("tower", "ev"))
+        table, _ = cached(snap, ("lexical-fields",), lambda: None)
+        assert sorted(table.keys()) == sorted(snap.ids.index(x) for x in ("tower", "ev"))
+        assert table.field_texts(snap.ids.index("alice")) is None
 
     def test_emptied_table_gives_the_same_scores(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import memory_recall.pipeline.scoring as scoring_module
-
-        snap = make_snapshot(self._graph())
-        expected = run_scoring(make_state(snap, "Alice at the bell tower?")).state.scored
-        fresh = make_snapshot(self._graph())
-        monkeypatch.setattr(scoring_module, "MAX_PREPARED_NODES", 2)
-        got = run_scoring(make_state(fresh, "Alice at the bell tower?")).state.scored
         from memory_recall.pipeline._graph_cache import cached
 
-        assert len(cached(fresh, ("lexical-fields",), lambda: ({}, None))[0][0]) <= 2
+        message = "Alice at the bell tower?"
+        snap = make_snapshot(self._graph())
+        expected = run_scoring(make_state(snap, message)).state.scored
+        fresh = make_snapshot(self._graph())
+        monkeypatch.setattr(scoring_module, "MAX_PREPARED_NODES", 2)
+        pairs = [["tower", "ev"], ["alice", "lic"], ["alice", "cafe"]]
+        for pair in pairs:  # 2 + 2 passes the bound: the table starts over with the second pair
+            run_scoring(make_state(fresh, message, candidates=candidates_for(fresh, pair)))
+        table = cached(fresh, ("lexical-fields",), lambda: None)[0]
+        assert sorted(table.keys()) == sorted(fresh.ids.index(x) for x in ("alice", "cafe"))
+        # A batch larger than the bound is packed whole (the table starts over with just that batch).
+        got = run_scoring(make_state(fresh, message)).state.scored
+        assert sorted(table.keys()) == list(range(fresh.n))
         assert_same(expected, got)
 
     def test_a_new_snapshot_sees_changed_fields(self) -> None:
@@ -949,3 +959,228 @@ def test_first_match_codes_pick_what_np_select_picks(conditions: list[list[bool]
     names = np.array([f"rule{j}" for j in range(len(conds))] + ["default"], dtype=object)
     expected = np.select(conds, list(names[:-1]), default="default") if conds else np.full(5, "default")
     assert names[_first_match(conds, 5)].tolist() == expected.tolist()
+    # A condition the same for every element may be given as a plain bool.
+    plain = [bool(c[0]) if len(set(c.tolist())) == 1 else c for c in conds]
+    assert names[_first_match(plain, 5)].tolist() == expected.tolist()
+
+
+# --- the vectorised knowledge gate and story-time director against plain per-node transliterations ----------
+
+_OWNER_NAMES = ("A", "B", "C")
+_NODE_IDS = ("n0", "n1", "n2", "n3", "n4", "n5")
+
+
+def _reference_gate(snap, idx, rows, raw, graph, lexical, buckets, low):
+    """Reference §1.5 per owner and node (departures 2 and 4), then the multi-owner merge, in plain Python."""
+    know = snap.knowledge
+    thresholds = {"objectiveCurrentRegion": 0.34, "objectiveAdjacentRegion": 0.42,
+                  "objectiveGlobal": 0.0 if low else 0.56}
+    out = []
+    for c, i in enumerate(idx):
+        pov = bool(snap.is_pov[i])
+        threshold = 0.18 if pov else thresholds.get(buckets[c], 0.4)
+        current = buckets[c] == "objectiveCurrentRegion"
+        strong = raw[c] >= 0.82 or lexical[c] >= 0.85 or graph[c] >= 1.1 or (
+            current and (raw[c] >= 0.48 or graph[c] >= 0.82))
+        per = []  # (mode, visible, visibility, threshold, anchored, rescued)
+        for r in rows:
+            if not 0 <= r < know.known.shape[0]:
+                per.append(("no-owner-state", True, 0.0, 0.0, False, False))
+            elif know.hidden[r, i]:
+                per.append(("manual-hidden", False, 0.0, 0.0, False, False))
+            elif know.mistaken[r, i] and not pov:
+                per.append(("mistaken-objective", False, 0.0, 0.0, False, False))
+            else:
+                anchored = bool(know.known[r, i] or know.own_pov[r, i])
+                base = max(float(np.round(float(know.visibility[r, i]), 7)), 1.0 if anchored else 0.0)
+                rescued = not anchored and not pov and strong
+                vis = max(base, 0.68) if rescued else base
+                visible = anchored or vis >= threshold or rescued
+                mode = ("manual-known" if know.manual_known[r, i] else "anchored" if anchored else
+                        "rescued" if rescued else "soft-visible" if visible else "suppressed")
+                per.append((mode, visible, vis, threshold, anchored, rescued))
+        seen = [p for p in per if p[1]]
+        mode = (seen or per)[0][0]
+        if any(p[0] == "manual-known" for p in seen):
+            mode = "manual-known"
+        elif any(p[0] == "anchored" for p in seen):
+            mode = "anchored"
+        reasons = {"manual-hidden": "manual-hidden", "mistaken-objective": "mistaken-objective",
+                   "suppressed": "low-visibility"}
+        out.append({
+            "visible": bool(seen), "mode": mode, "reason": "" if seen else reasons.get(mode, ""),
+            "anchored": any(p[4] for p in seen), "rescued": any(p[5] for p in seen),
+            "visibility": max(p[2] for p in per), "threshold": max(p[3] for p in per),
+            "coverage": len(seen) / len(per), "owner_visible": [p[1] for p in per],
+        })
+    return out
+
+
+_subsets = st.lists(st.sampled_from(_NODE_IDS), max_size=6, unique=True)
+
+
+@hyp_settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kinds=st.lists(st.sampled_from(["objective", "pov-A", "pov-B", "pov-user"]), min_size=6, max_size=6),
+    owners=st.lists(
+        st.tuples(_subsets, _subsets, _subsets, _subsets,
+                  st.dictionaries(st.sampled_from(_NODE_IDS), st.sampled_from([0.1, 0.2, 0.35, 0.4, 0.6, 0.9]))),
+        min_size=0, max_size=3,
+    ),
+    keys=st.lists(st.sampled_from(["character:a", "character:b", "character:c", "user:me", "character:zed"]),
+                  max_size=4),
+    scores=st.lists(st.tuples(st.sampled_from([0.0, 0.47, 0.48, 0.81, 0.82, 0.9]),
+                              st.sampled_from([0.0, 0.81, 0.82, 1.09, 1.1]),
+                              st.sampled_from([0.0, 0.84, 0.85, 1.0])), min_size=6, max_size=6),
+    buckets=st.lists(st.sampled_from([*SCOPE_BUCKETS, "elsewhere"]), min_size=6, max_size=6),
+    low=st.booleans(),
+)
+def test_knowledge_gate_equals_the_per_node_reference(kinds, owners, keys, scores, buckets, low) -> None:
+    scopes = {"objective": None, "pov-A": pov_scope("A"), "pov-B": pov_scope("B"),
+              "pov-user": pov_scope("me", "user")}
+    nodes = [make_node(nid, "event", scope=scopes[kind]) for nid, kind in zip(_NODE_IDS, kinds, strict=True)]
+    entries = [
+        owner(name, known=known, mistaken=mistaken, manual_known=manual, hidden=hidden, visibility=vis)
+        for name, (known, mistaken, manual, hidden, vis) in zip(_OWNER_NAMES, owners, strict=False)
+    ]
+    snap = make_snapshot(make_graph(nodes, owners=entries))
+    idx = np.arange(snap.n)
+    rows = resolve_owner_rows(snap, keys)
+    raw, graph, lexical = (np.array(col) for col in zip(*scores, strict=True))
+    got = knowledge_gate(snap, idx, rows, raw, graph, lexical, np.array(buckets, dtype=object),
+                         inject_low_confidence=low)
+    if not keys:  # no owner: everything visible, no-owner-state
+        assert got.visible.all() and set(got.mode.tolist()) == {"no-owner-state"}
+        return
+    expected = _reference_gate(snap, idx, rows.tolist(), raw, graph, lexical, buckets, low)
+    for c, exp in enumerate(expected):
+        assert bool(got.visible[c]) == exp["visible"]
+        assert got.mode[c] == exp["mode"] and got.reason[c] == exp["reason"]
+        assert bool(got.anchored[c]) == exp["anchored"] and bool(got.rescued[c]) == exp["rescued"]
+        assert float(got.visibility[c]) == exp["visibility"] and float(got.threshold[c]) == exp["threshold"]
+        assert float(got.coverage[c]) == exp["coverage"]
+        assert got.owner_visible[:, c].tolist() == exp["owner_visible"]
+
+
+def _reference_temporal(node, order, active, cue):
+    """Reference ``classifyStoryTemporalBucket`` for one node: (bucket, weight, suppressed, rescued, reason)."""
+    point, span = node.story_time, node.story_time_span
+    if not (point.segment_id or point.label or span.start_segment_id or span.end_segment_id or span.start_label
+            or span.end_label):
+        return ("undated", 0.88, False, False, "no-story-time")
+    if point.tense in ("future", "hypothetical"):
+        return ("future", 0.72 if cue == "future" else 0.2, cue != "future", False, "point-future-tense")
+    if active is None:
+        return ("undated", 0.92, False, False, "no-active-segment")
+    start = order.get(span.start_segment_id, order.get(point.segment_id))
+    end = order.get(span.end_segment_id, order.get(point.segment_id))
+    if start is None or end is None:
+        return ("undated", 0.9, False, False, "unknown-segment")
+    if start <= active <= end:
+        return ("current", 1.15, False, False, "in-active-segment")
+    if end < active:
+        if point.tense == "flashback" or cue == "flashback":
+            cued = cue == "flashback"
+            return ("flashback", 1.02 if cued else 0.72, False, cued, "flashback-cue" if cued else "flashback-tense")
+        if active - end <= 2:
+            return ("adjacentPast", 1.0, False, False, "recent-past")
+        return ("distantPast", 0.64, False, False, "distant-past")
+    return ("future", 0.74 if cue == "future" else 0.22, cue != "future", False, "after-active-segment")
+
+
+_SEGMENTS = (("s1", 1), ("s2", 2), ("s4", 4), ("s5", 5), ("s9", 9))
+_SEGMENT_IDS = ["", "s1", "s2", "s4", "s5", "s9", "nowhere"]
+
+
+@hyp_settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    times=st.lists(
+        st.tuples(st.sampled_from(_SEGMENT_IDS), st.sampled_from(["", "sometime"]),
+                  st.sampled_from(["unknown", "past", "future", "hypothetical", "flashback"]),
+                  st.sampled_from(_SEGMENT_IDS), st.sampled_from(_SEGMENT_IDS)),
+        min_size=1, max_size=6,
+    ),
+    active=st.sampled_from(["", "s1", "s4", "s5", "s9", "nowhere"]),
+    cue=st.sampled_from(["", "flashback", "future"]),
+)
+def test_temporal_director_equals_the_per_node_reference(times, active, cue) -> None:
+    nodes = [
+        make_node(f"t{j}", "event", story_time=story(seg, label, tense),
+                  story_time_span=StoryTimeSpan(start_segment_id=start, end_segment_id=end))
+        for j, (seg, label, tense, start, end) in enumerate(times)
+    ]
+    snap = make_snapshot(make_graph(nodes, segments=_SEGMENTS))
+    order = dict(_SEGMENTS)
+    ctx = ContextInfo(story_segment_id=active, cue_mode=cue)
+    temporal_director(snap, np.arange(snap.n)[::-2], ctx)  # some nodes first: later calls reuse their verdicts
+    got = temporal_director(snap, np.arange(snap.n), ctx)
+    for j, node in enumerate(nodes):
+        exp = _reference_temporal(node, order, order.get(active), cue)
+        assert (got.bucket[j], float(got.weight[j]), bool(got.suppressed[j]), bool(got.rescued[j]),
+                got.reason[j]) == exp
+
+
+@pytest.mark.parametrize("columns", [8, 0])
+def test_region_tokens_as_matrix_or_ragged_give_the_same_buckets(monkeypatch: pytest.MonkeyPatch, columns: int) -> None:
+    import memory_recall.pipeline.scoring as scoring_module
+
+    monkeypatch.setattr(scoring_module, "MAX_TOKEN_COLUMNS", columns)  # 0: every graph uses the ragged form
+    nodes = [
+        make_node("cur", "location", scope=MemoryScope(region_primary="钟楼")),
+        make_node("via-path", "event", scope=MemoryScope(region_primary="王都", region_path=("旧城区", "王都"))),
+        make_node("via-secondary", "event", scope=MemoryScope(region_primary="港口", region_secondary=("钟楼",))),
+        make_node("far", "event", scope=MemoryScope(region_primary="港口", region_secondary=("北门", "南门"))),
+        make_node("none", "event"),
+    ]
+    snap = make_snapshot(make_graph(nodes))
+    ctx = ContextInfo(active_region="钟楼", adjacent_regions=("旧城区",))
+    assert scope_buckets(snap, np.arange(5), ctx).tolist() == [
+        "objectiveCurrentRegion", "objectiveAdjacentRegion", "objectiveAdjacentRegion", "objectiveGlobal",
+        "objectiveGlobal",
+    ]
+    assert (scoring_module._snapshot_arrays(snap).token_matrix is None) == (columns == 0)
+
+
+def test_scope_buckets_are_the_same_computed_at_once_or_remembered_in_parts() -> None:
+    nodes = [
+        make_node("mine", "pov_memory", scope=pov_scope("Erin")),
+        make_node("theirs", "pov_memory", scope=pov_scope("Bram")),
+        make_node("user", "pov_memory", scope=pov_scope("me", "user")),
+        make_node("here", "location", scope=region_scope("钟楼")),
+        make_node("near", "event", scope=region_scope("旧城区")),
+        make_node("far", "event", scope=region_scope("港口")),
+    ]
+    scenes = [
+        ContextInfo(owner_keys=("character:erin",), owner_mode="request", active_region="钟楼",
+                    adjacent_regions=("旧城区",)),
+        ContextInfo(owner_keys=("character:bram", "user:me"), owner_mode="request", active_region="港口"),
+        ContextInfo(),
+    ]
+    every = np.arange(len(nodes))
+    snap = make_snapshot(make_graph(nodes))
+    for ctx in scenes:
+        fresh = scope_buckets(make_snapshot(make_graph(nodes)), every, ctx).tolist()
+        assert scope_buckets(snap, np.array([4, 1]), ctx).tolist() == [fresh[4], fresh[1]]
+        assert scope_buckets(snap, every, ctx).tolist() == fresh
+        no_pov = ContextSettings(enable_pov_memory=False)  # another setting: its own verdicts
+        assert scope_buckets(snap, every, ctx, settings=no_pov).tolist() == scope_buckets(
+            make_snapshot(make_graph(nodes)), every, ctx, settings=no_pov).tolist()
+    assert scope_buckets(snap, every, scenes[0]).tolist() == [
+        "characterPov", "otherPov", "userPov", "objectiveCurrentRegion", "objectiveAdjacentRegion", "objectiveGlobal",
+    ]
+
+
+@pytest.mark.parametrize("k", [1, 3, 62, 64])
+def test_owner_lists_per_node_for_any_number_of_owners(k: int) -> None:
+    from memory_recall.pipeline.scoring import _owner_lists
+
+    rng = np.random.default_rng(k)
+    columns = rng.random((k, 40)) < 0.5
+    ids = np.array([f"n{j}" for j in range(40)], dtype=object)
+    keys = tuple(f"character:o{o}" for o in range(k))
+    seen, missing = _owner_lists(columns, ids, keys)
+    assert list(seen) == ids.tolist()
+    for j, nid in enumerate(ids.tolist()):
+        assert seen[nid] == [keys[o] for o in range(k) if columns[o, j]]
+        assert missing.get(nid, []) == [keys[o] for o in range(k) if not columns[o, j]]
+        assert (nid in missing) == (not columns[:, j].all())

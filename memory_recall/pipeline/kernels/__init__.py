@@ -15,7 +15,8 @@ module              functions                                                   
 ``lexical``         :func:`lexical_units`, :func:`field_match`,                 §3.12 step 1
                     :func:`lexical_score`, :func:`prepare_sources`,
                     :func:`prepare_node`, :func:`prepared_lexical_score`,
-                    :func:`pack_node`, :func:`batch_lexical_scores`
+                    :func:`pack_node`, :func:`batch_lexical_scores`,
+                    :class:`PackedFieldTable`
 ``scoring``         :func:`time_decay`, :func:`hybrid_score`                    §1.9, §3.12 step 2
 ``cooccurrence``    :func:`build_cooccurrence_index`, :func:`cooccurrence_boost`,  §3.11
                     :func:`cooccurrence_neighbors`, :func:`id_order_key`
@@ -43,6 +44,7 @@ from memory_recall.pipeline.kernels.diffusion import (
 from memory_recall.pipeline.kernels.diversity import dpp_greedy_select
 from memory_recall.pipeline.kernels.lexical import (
     LexicalSources,
+    PackedFieldTable,
     PackedNode,
     PreparedField,
     PreparedNode,
@@ -77,6 +79,7 @@ __all__ = [
     "HybridParts",
     "LexicalSources",
     "NmfAnalysis",
+    "PackedFieldTable",
     "PackedNode",
     "PreparedField",
     "PreparedNode",

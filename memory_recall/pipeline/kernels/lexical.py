@@ -27,6 +27,9 @@ Public functions
   -> (m,) float64`` — :func:`prepared_lexical_score` of a few hundred candidates at once, bit for bit: the
   prepared fields flattened once per node (units numbered by a per-snapshot :class:`UnitVocab`), then the unit
   overlaps counted for all fields together in numpy and the containment tests run per source over all fields.
+* :class:`PackedFieldTable` ``(n, max_nodes)`` — the same, for nodes packed once into flat per-graph arrays:
+  ``table.scores(keys, sources, prepare) -> (m,) float64`` packs the nodes it has not seen (``prepare(key)``
+  gives their :class:`PreparedNode`) and gathers the batch's fields by indexing, bit for bit the same scores.
 
 Unit classes
 ------------
@@ -61,7 +64,7 @@ import operator
 import re
 import threading
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +73,7 @@ from memory_recall.text.normalize import js_len, normalize_lexical
 
 __all__ = [
     "LexicalSources",
+    "PackedFieldTable",
     "PackedNode",
     "PreparedField",
     "PreparedNode",
@@ -102,16 +106,23 @@ _EXT_TOKEN = re.compile(f"([{_LATIN}]+)|([{_CYRILLIC}]+)|([{_CJK}]+)|([{_KANA}]+
 _BIGRAM_GROUPS = frozenset({3, 4, 5})
 
 
+def _js_len(text: str) -> int:
+    """:func:`~memory_recall.text.normalize.js_len`, without its per-character loop for ASCII text."""
+    return len(text) if text.isascii() else js_len(text)
+
+
 def _normalise(text: object, reference: bool) -> str:
     if text is None:
         return ""
     if reference:
         return normalize_lexical(text)
-    return normalize_lexical(unicodedata.normalize("NFKC", str(text)))
+    text = str(text)
+    # NFKC leaves ASCII text as it is.
+    return normalize_lexical(text if text.isascii() else unicodedata.normalize("NFKC", text))
 
 
 def _add_run(out: dict[str, None], token: str, bigrams: bool) -> None:
-    if js_len(token) >= 2:
+    if _js_len(token) >= 2:
         out[token] = None
     if bigrams and len(token) > 2:
         for i in range(len(token) - 1):
@@ -167,6 +178,11 @@ class LexicalSources:
         """The source texts joined by line feeds (which no normalised text contains)."""
         return "\n".join(src.text for src in self.items)
 
+    @functools.cached_property
+    def signature(self) -> int:
+        """:func:`_bigram_signature` of the source texts."""
+        return _bigram_signature(self.haystack)
+
 
 def prepare_sources(sources: Sequence[str] | LexicalSources, *, reference: bool = False) -> LexicalSources:
     """Normalise the query sources once; empty ones are dropped (they never match)."""
@@ -178,7 +194,7 @@ def prepare_sources(sources: Sequence[str] | LexicalSources, *, reference: bool 
     for src in sources:
         s = _normalise(src, reference)
         if s:
-            items.append(PreparedField(s, js_len(s), frozenset(_units_of_normalised(s, reference))))
+            items.append(PreparedField(s, _js_len(s), frozenset(_units_of_normalised(s, reference))))
     return LexicalSources(tuple(items), reference)
 
 
@@ -208,7 +224,7 @@ def prepare_field(field: object, *, reference: bool = False) -> PreparedField | 
     f = _normalise(field, reference)
     if not f:
         return None
-    return PreparedField(f, js_len(f), frozenset(_units_of_normalised(f, reference)))
+    return PreparedField(f, _js_len(f), frozenset(_units_of_normalised(f, reference)))
 
 
 def prepare_node(
@@ -332,15 +348,12 @@ def _contains_any(node: PreparedNode, sources: LexicalSources) -> bool:
 _KIND_EXACT = np.array([1.0, 0.82, 0.65])
 _KIND_INCLUDES = np.array([0.92, 0.68, 0.55])
 _KIND_OVERLAP = np.array([0.72, 0.52, 0.45])
+_SIGNATURE_BITS = (1 << 63) - 1
 
 
 _TEXTS = operator.attrgetter("texts")
 _META = operator.attrgetter("meta")
 _UNIT_IDS = operator.attrgetter("unit_ids")
-
-
-def _LEN_PLUS_ONE(text: str) -> int:  # noqa: N802 (used like a constant, with map)
-    return len(text) + 1
 
 
 class UnitVocab:
@@ -383,94 +396,341 @@ class PackedNode:
     unit_ids: np.ndarray
 
 
+def _field_rows(node: PreparedNode) -> list[tuple[int, int, int, int]]:
+    """The :attr:`PackedNode.meta` rows of ``node``'s fields: kind, JS length ≥ 2, unit count, length."""
+    kinds = [0] * len(node.primary) + [1] * len(node.secondary) + [2] * (node.joined is not None)
+    return [(k, int(f.length >= 2), len(f.units), len(f.text)) for k, f in zip(kinds, node.fields, strict=True)]
+
+
+def _node_units(node: PreparedNode) -> list[str]:
+    """The units of ``node``'s fields, field after field (a unit repeats when several fields hold it)."""
+    return [u for f in node.fields for u in f.units]
+
+
+#: Field texts up to this many code points get a bigram signature (longer ones: 0, never ruled out by it).
+_SIGNED_LENGTH = 64
+
+
+def _bigram_signature(text: str) -> int:
+    """A 63-bit set of the character bigrams of ``text`` (bit ``(31·ord(a) + ord(b)) mod 63``): a text inside
+    another has a signature inside the other's, so ``sig(f) & ~sig(s) != 0`` proves ``f`` is not inside ``s``."""
+    sig = 0
+    for a, b in set(itertools.pairwise(text)):
+        sig |= 1 << ((31 * ord(a) + ord(b)) % 63)
+    return sig
+
+
+def _field_signature(text: str) -> int:
+    """:func:`_bigram_signature` of a field text short enough to be inside a query source, else 0."""
+    return _bigram_signature(text) if len(text) <= _SIGNED_LENGTH else 0
+
+
 def pack_node(node: PreparedNode, vocab: UnitVocab) -> PackedNode:
     """``node`` flattened for :func:`batch_lexical_scores`, its units numbered by ``vocab``."""
     fields = node.fields
-    kinds = [0] * len(node.primary) + [1] * len(node.secondary) + [2] * (node.joined is not None)
-    meta = np.array(
-        [(k, f.length >= 2, len(f.units), len(f.text)) for k, f in zip(kinds, fields, strict=True)], dtype=np.intp
-    ).reshape(len(fields), 4)
-    ids = np.array(vocab.ids_of([u for f in fields for u in f.units]), dtype=np.intp)
+    meta = np.array(_field_rows(node), dtype=np.intp).reshape(len(fields), 4)
+    ids = np.array(vocab.ids_of(_node_units(node)), dtype=np.intp)
     return PackedNode(tuple(f.text for f in fields), meta, ids)
 
 
 def batch_lexical_scores(nodes: Sequence[PackedNode | None], sources: LexicalSources, vocab: UnitVocab) -> np.ndarray:
     """``prepared_lexical_score`` of every node (0 for None), float64 (len(nodes),), bit for bit.
 
-    The per-(source, field) loop of :func:`_prepared_match` done for all fields of all nodes at once:
-
-    * unit overlap ``overlap · |units(s) ∩ units(f)| / |units(s)|``: a (sources × vocabulary) membership table
-      looked up at every unit id of every field, counted per field by a cumulative sum (same float operations,
-      in the same order, as the scalar form);
-    * ``s`` inside ``f``: ``str.find`` of each source in all field texts joined by line feeds (no normalised
-      text holds one, so a hit lies inside one field); ``f`` inside ``s`` (equality included): one containment
-      test per field against the sources joined by line feeds, then per source only for the few fields found.
-
-    Equality needs no separate pass beyond that: an equal source is a containing one. Every value is ≥ 0, so
-    the maxima equal the scalar ``if value > best`` chain. ``nodes`` must come from :func:`pack_node` with this
-    ``vocab`` and the same ``reference`` mode as ``sources``.
+    The per-(source, field) loop of :func:`_prepared_match` done for all fields of all nodes at once
+    (:func:`_flat_scores`). ``nodes`` must come from :func:`pack_node` with this ``vocab`` and the same
+    ``reference`` mode as ``sources``. :class:`PackedFieldTable` does the same for nodes it keeps packed flat.
     """
     m = len(nodes)
-    out = np.zeros(m)
-    items = sources.items
-    # map/chain/compress instead of comprehensions: a few hundred nodes and fields, iterated at C speed.
-    rows = [r for r, p in enumerate(nodes) if p is not None]
     packs: list[PackedNode] = list(filter(None, nodes))
-    field_texts = list(map(_TEXTS, packs))
-    texts = list(itertools.chain.from_iterable(field_texts))
-    n_fields = len(texts)
-    if not items or n_fields == 0:
-        return out
-    owner = np.repeat(np.array(rows, dtype=np.intp), list(map(len, field_texts)))
-    meta = np.concatenate(list(map(_META, packs)))
-    kinds, long, counts, char_len = meta[:, 0], meta[:, 1].astype(bool), meta[:, 2], meta[:, 3]
-    uids = np.concatenate(list(map(_UNIT_IDS, packs)))
-    n_src = len(items)
+    texts = list(itertools.chain.from_iterable(map(_TEXTS, packs)))
+    if not sources.items or not texts:
+        return np.zeros(m)
+    text_ids: dict[str, int] = {}
+    extra = np.array([(text_ids.setdefault(t, len(text_ids)), _field_signature(t)) for t in texts], dtype=np.int64)
+    return _flat_scores(
+        np.fromiter((0 if p is None else len(p.texts) for p in nodes), dtype=np.intp, count=m),
+        np.hstack([np.concatenate(list(map(_META, packs))), extra]),
+        np.concatenate(list(map(_UNIT_IDS, packs))),
+        "\n".join(texts),
+        list(text_ids),
+        sources,
+        vocab,
+    )
 
-    # Unit overlap counts, (sources × fields): which units of each field a source has, summed per field.
-    size = int(uids.max()) + 1 if uids.size else 0
-    field_of_unit = np.repeat(np.arange(n_fields), counts)
-    shared = np.zeros((n_src, n_fields))
-    for s, src in enumerate(items):
-        member = np.zeros(size + 1, dtype=bool)
-        member[[i for i in vocab.known(src.units) if i < size]] = True
-        shared[s] = np.bincount(field_of_unit, weights=member[uids], minlength=n_fields)  # exact small integers
-    n_units = np.array([len(src.units) for src in items], dtype=np.float64)
+
+def _flat_scores(
+    fcount: np.ndarray,
+    meta: np.ndarray,
+    uids: np.ndarray,
+    joined: str,
+    texts: Sequence[str],
+    sources: LexicalSources,
+    vocab: UnitVocab,
+) -> np.ndarray:
+    """``prepared_lexical_score`` of ``m = len(fcount)`` nodes given flat, float64 (m,): node ``r`` owns the next
+    ``fcount[r]`` fields. Per field, ``meta`` (fields × 6, int64) holds the four :attr:`PackedNode.meta` columns,
+    the position of its text in ``texts`` (equal texts may share one) and its :func:`_field_signature`; ``uids``
+    are the unit ids (``vocab``) of every field, field after field, and ``joined`` the field texts joined by line
+    feeds. ``sources`` must be non-empty.
+
+    * unit overlap ``overlap · |units(s) ∩ units(f)| / |units(s)|``: one lookup over all unit ids gives, per
+      unit, the distinct source unit sets holding it (a bit mask); the units some source holds are then counted
+      per field and unit set (exact small integers; the same float operations, in the same order, as the scalar
+      form);
+    * ``s`` inside ``f``: ``str.find`` of each source in ``joined`` (no normalised text holds a line feed, so a
+      hit lies inside one field), skipped for a source holding one found nowhere; ``f`` inside ``s`` (equality
+      included): only fields no longer than the longest source and whose bigrams all occur in the sources
+      (signatures) are tested, against the sources joined by line feeds, then per source for the fields found.
+
+    Every value is ≥ 0 and a field's best is the maximum over sources of the overlap, includes and exact values,
+    so it equals the scalar ``if value > best`` chain; sources with equal unit sets have equal overlaps.
+    """
+    m = fcount.shape[0]
+    items = sources.items
+    kinds, char_len = meta[:, 0], meta[:, 3]
+
+    # Unit overlap, per distinct source unit set (a question and its intent segment often have the same units:
+    # equal sets give equal values), best over the sets.
+    unit_sets = list(dict.fromkeys(src.units for src in items))
+    shared = _shared_units(unit_sets, meta[:, 2], uids, vocab)
+    n_units = np.array([len(units) for units in unit_sets], dtype=np.float64)
     # overlap · count / |units(s)|, evaluated left to right as in _prepared_match; a source without units has
     # no shared unit (0 / 1 = 0).
-    value = (_KIND_OVERLAP[kinds] * shared) / np.where(n_units > 0, n_units, 1.0)[:, None]
+    if len(unit_sets) == 1:
+        best = (_KIND_OVERLAP[kinds] * shared[0]) / (float(n_units[0]) or 1.0)
+    else:
+        best = ((_KIND_OVERLAP[kinds] * shared) / np.where(n_units > 0, n_units, 1.0)[:, None]).max(axis=0)
 
-    # Containment and equality, (sources × fields).
-    contains = np.zeros((n_src, n_fields), dtype=bool)
-    equal = np.zeros((n_src, n_fields), dtype=bool)
-    joined = "\n".join(texts)
+    # Containment and equality: the fields some source is inside (when both JS lengths are ≥ 2) and the fields
+    # equal to a source; each raises its field's best to the kind's includes / exact weight.
+    includes: list[int] = []
+    equal: list[int] = []
     starts: list[int] | None = None  # offset of each field in ``joined``, computed on the first hit
-    for s, src in enumerate(items):
+    absent: list[str] = []  # sources found nowhere: a source holding one is found nowhere either
+    for src in sorted(items, key=lambda item: len(item.text)):
+        if any(text in src.text for text in absent):
+            continue
         pos = joined.find(src.text)
+        if pos < 0:
+            absent.append(src.text)
         while pos >= 0:
             if starts is None:
-                starts = list(itertools.accumulate(map(_LEN_PLUS_ONE, texts), initial=0))
+                starts = [0, *np.cumsum(char_len + 1).tolist()]
             f = bisect.bisect_right(starts, pos) - 1
-            contains[s, f] = True
+            if src.length >= 2:
+                includes.append(f)
             pos = joined.find(src.text, starts[f + 1])
-    # A field inside a source is at most as long as the longest source: only those fields are tested.
-    short = np.flatnonzero(char_len <= max(len(src.text) for src in items)).tolist()
-    for f in itertools.compress(short, map(sources.haystack.__contains__, [texts[f] for f in short])):
-        text = texts[f]
-        for s, src in enumerate(items):
-            if text in src.text:
-                contains[s, f] = True
-                equal[s, f] = text == src.text
-    src_long = np.array([src.length >= 2 for src in items], dtype=bool)
-    includes = contains & src_long[:, None] & long[None, :]
-    value = np.maximum(value, np.where(includes, _KIND_INCLUDES[kinds], 0.0))
-    value = np.maximum(value, np.where(equal, _KIND_EXACT[kinds], 0.0))
-    best = np.minimum(1.0, value.max(axis=0))
+    haystack = sources.haystack
+    outside = ~sources.signature & _SIGNATURE_BITS  # bigrams no source holds
+    maybe = np.flatnonzero(((meta[:, 5] & outside) == 0) & (char_len <= max(len(src.text) for src in items)))
+    for f, t in zip(maybe.tolist(), meta[maybe, 4].tolist(), strict=True):
+        text = texts[t]
+        if text in haystack:
+            for src in items:
+                if text in src.text:
+                    if src.length >= 2:
+                        includes.append(f)
+                    if text == src.text:
+                        equal.append(f)
+    if includes:
+        found = np.array(includes)
+        found = found[meta[found, 1] != 0]  # the field's JS length ≥ 2 too
+        best[found] = np.maximum(best[found], _KIND_INCLUDES[kinds[found]])
+    if equal:
+        found = np.array(equal)
+        best[found] = np.maximum(best[found], _KIND_EXACT[kinds[found]])
+    best = np.minimum(1.0, best)
 
     # Per node and kind: the best field, then the combination of lexical_score.
     by_kind = np.zeros((m, 3))
-    np.maximum.at(by_kind, (owner, kinds), best)
-    p, s_, t = by_kind[:, 0], by_kind[:, 1], by_kind[:, 2]
-    combined = 0.75 * p + 0.35 * s_ + 0.2 * t
-    out = np.minimum(1.0, np.maximum(np.maximum(p, 0.82 * s_), np.maximum(0.7 * t, combined)))
+    np.maximum.at(by_kind, (np.repeat(np.arange(m), fcount), kinds), best)
+    p, s_, t_ = by_kind[:, 0], by_kind[:, 1], by_kind[:, 2]
+    combined = 0.75 * p + 0.35 * s_ + 0.2 * t_
+    return np.minimum(1.0, np.maximum(np.maximum(p, 0.82 * s_), np.maximum(0.7 * t_, combined)))
+
+
+def _shared_units(
+    unit_sets: Sequence[frozenset[str]], counts: np.ndarray, uids: np.ndarray, vocab: UnitVocab
+) -> np.ndarray:
+    """(sets × fields) float64: how many units of each field (``counts[f]`` unit ids each, consecutive in
+    ``uids``) each unit set holds. One lookup over all unit ids marks the units some set holds (a bit per set,
+    sets in groups of 62); only those are counted per field."""
+    shared = np.zeros((len(unit_sets), counts.shape[0]))
+    ends: np.ndarray | None = None  # end of each field's units in ``uids``
+    for first in range(0, len(unit_sets), 62):
+        group = unit_sets[first : first + 62]
+        if len(group) == 1:
+            ids = vocab.known(group[0])
+            if not ids:
+                continue
+            member = np.zeros(len(vocab), dtype=bool)
+            member[ids] = True
+            hits = np.flatnonzero(member[uids])
+        else:
+            mask: dict[int, int] = {}
+            for bit, units in enumerate(group):
+                for i in vocab.known(units):
+                    mask[i] = mask.get(i, 0) | (1 << bit)
+            if not mask:
+                continue
+            lookup = np.zeros(len(vocab), dtype=np.int64)
+            lookup[list(mask)] = list(mask.values())
+            code = lookup[uids]
+            hits = np.flatnonzero(code)
+            code = code[hits]
+        if ends is None:
+            ends = np.cumsum(counts)
+        field = np.searchsorted(ends, hits, side="right")
+        if len(group) == 1:
+            shared[first] = np.bincount(field, minlength=counts.shape[0])
+        else:
+            for bit in range(len(group)):
+                shared[first + bit] = np.bincount(field, weights=(code >> bit) & 1, minlength=counts.shape[0])
+    return shared
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The positions ``starts[r] … starts[r] + counts[r] − 1`` of every ``r``, concatenated."""
+    ends = np.cumsum(counts)
+    total = int(ends[-1]) if ends.size else 0
+    return np.arange(total, dtype=np.intp) + np.repeat(starts - (ends - counts), counts)
+
+
+def _grown(arr: np.ndarray, used: int, extra: int) -> np.ndarray:
+    """``arr`` if it has room for ``used + extra`` rows, else a larger copy of its first ``used`` rows (at least
+    doubled, so appending is amortised O(1) per row). Never changes ``arr``'s existing rows."""
+    need = used + extra
+    if need <= arr.shape[0]:
+        return arr
+    out = np.zeros((max(need, 2 * arr.shape[0], 256), *arr.shape[1:]), dtype=arr.dtype)
+    out[:used] = arr[:used]
     return out
+
+
+class PackedFieldTable:
+    """The lexical fields of the nodes ``0 … n − 1`` of one graph, packed once per node (as :func:`pack_node`)
+    into flat arrays, so that :meth:`scores` gathers a batch's fields with a few array indexings. Meant to live
+    with a graph snapshot (its fields never change).
+
+    Nodes are packed on first use, from ``prepare(key)`` (the node's :class:`PreparedNode`; None when it has no
+    lexical text, which scores 0). At most ``max_nodes`` nodes are kept, or one batch when it is larger: a
+    batch that would pass the bound empties the table first (the vocabulary stays: ids only need to be
+    consistent, not dense). Thread-safe; stored rows are never changed in place, so a batch scores from the
+    arrays it saw even when another thread packs more nodes or empties the table meanwhile.
+
+    Memory per kept node: its field rows (5 ints each, a few fields), its unit ids (tens of ints), its field
+    texts joined by line feeds, and each distinct field text once; plus one int per graph node (its slot).
+    """
+
+    def __init__(self, n: int, max_nodes: int) -> None:
+        self.vocab = UnitVocab()
+        self.max_nodes = max_nodes
+        self._n = n
+        self._lock = threading.Lock()
+        self._empty()
+
+    def _empty(self) -> None:
+        # New objects, never cleared in place (see the class docstring).
+        self._slot = np.full(self._n, -1, dtype=np.intp)  # node → slot, −1 when not packed
+        self._keys: list[int] = []  # slot → node
+        self._nodes = np.zeros((0, 4), dtype=np.intp)  # per slot: first field, field count, first unit, unit count
+        # Per field: the PackedNode.meta columns, its text id and its signature (_field_signature).
+        self._fields = np.zeros((0, 6), dtype=np.int64)
+        self._units = np.zeros(0, dtype=np.int32)  # unit ids (a vocabulary never reaches 2³¹ units)
+        self._haystacks: list[str] = []  # per slot: its field texts joined by line feeds ("" without fields)
+        self._text_ids: dict[str, int] = {}
+        self._texts: list[str] = []  # per text id
+        self._n_fields = 0
+        self._n_units = 0
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def keys(self) -> list[int]:
+        """The packed nodes, in packing order."""
+        return list(self._keys)
+
+    def field_texts(self, key: int) -> tuple[str, ...] | None:
+        """The packed field texts of node ``key`` (:attr:`PreparedNode.fields` order; empty for a node without
+        lexical text), None when it is not packed."""
+        with self._lock:
+            slot = int(self._slot[key])
+            if slot < 0:
+                return None
+            first, count = int(self._nodes[slot, 0]), int(self._nodes[slot, 1])
+            return tuple(self._texts[t] for t in self._fields[first : first + count, 4].tolist())
+
+    def _pack(self, keys: list[int], prepared: list[PreparedNode | None]) -> None:
+        # Under the lock: append the nodes' rows, then publish their slots.
+        node_rows: list[tuple[int, int, int, int]] = []
+        field_rows: list[tuple[int, ...]] = []
+        units: list[str] = []
+        text_ids, texts = self._text_ids, self._texts
+        for node in prepared:
+            if node is None:
+                node_rows.append((self._n_fields + len(field_rows), 0, self._n_units + len(units), 0))
+                self._haystacks.append("")
+                continue
+            node_units = _node_units(node)
+            rows = _field_rows(node)
+            node_rows.append(
+                (self._n_fields + len(field_rows), len(rows), self._n_units + len(units), len(node_units))
+            )
+            for row, f in zip(rows, node.fields, strict=True):
+                tid = text_ids.get(f.text)
+                if tid is None:
+                    tid = text_ids[f.text] = len(texts)
+                    texts.append(f.text)
+                field_rows.append((*row, tid, _field_signature(f.text)))
+            units.extend(node_units)
+            self._haystacks.append(node.haystack)
+        n_slots = len(self._keys)
+        self._nodes = _grown(self._nodes, n_slots, len(keys))
+        self._nodes[n_slots : n_slots + len(keys)] = np.array(node_rows, dtype=np.intp).reshape(-1, 4)
+        self._fields = _grown(self._fields, self._n_fields, len(field_rows))
+        self._fields[self._n_fields : self._n_fields + len(field_rows)] = np.array(
+            field_rows, dtype=np.int64
+        ).reshape(-1, 6)
+        self._units = _grown(self._units, self._n_units, len(units))
+        self._units[self._n_units : self._n_units + len(units)] = self.vocab.ids_of(units)
+        self._n_fields += len(field_rows)
+        self._n_units += len(units)
+        self._keys.extend(keys)
+        self._slot[keys] = np.arange(n_slots, n_slots + len(keys), dtype=np.intp)
+
+    def scores(
+        self, keys: np.ndarray, sources: LexicalSources, prepare: Callable[[int], PreparedNode | None]
+    ) -> np.ndarray:
+        """:func:`prepared_lexical_score` of the nodes ``keys`` (node indices in ``[0, n)``, repeats allowed)
+        against ``sources``, float64 (len(keys),), bit for bit; nodes not packed yet are packed first (none
+        when ``sources`` is empty: every score is then 0). ``prepare`` must use the ``reference`` mode of
+        ``sources``, the same on every call for a given table."""
+        keys = np.asarray(keys, dtype=np.intp)
+        m = keys.size
+        if not sources.items or m == 0:
+            return np.zeros(m)
+        with self._lock:
+            slots = self._slot[keys]
+            if (slots < 0).any():
+                missing = list(dict.fromkeys(keys[slots < 0].tolist()))
+                if len(self._keys) + len(missing) > self.max_nodes:
+                    self._empty()
+                    missing = list(dict.fromkeys(keys.tolist()))
+                self._pack(missing, [prepare(k) for k in missing])
+                slots = self._slot[keys]
+            nodes, fields, units = self._nodes, self._fields, self._units
+            texts, haystacks = self._texts, self._haystacks
+        rows = nodes[slots]
+        fcount = rows[:, 1]
+        meta = fields[_ranges(rows[:, 0], fcount)]
+        if meta.shape[0] == 0:
+            return np.zeros(m)
+        return _flat_scores(
+            fcount,
+            meta,
+            units[_ranges(rows[:, 2], rows[:, 3])],
+            "\n".join(filter(None, map(haystacks.__getitem__, slots.tolist()))),
+            texts,
+            sources,
+            self.vocab,
+        )

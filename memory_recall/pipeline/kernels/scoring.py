@@ -23,7 +23,7 @@ reference's ``base × decay`` by at most a few ulps (tested).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -41,13 +41,16 @@ def time_decay(created_ms: ArrayLike, now_ms: float) -> np.ndarray:
     """
     created = np.asarray(created_ms, dtype=np.float64)
     missing = ~np.isfinite(created)
+    if missing.all():  # e.g. the decay switched off: every factor is 1
+        return np.ones(created.shape)
     days = np.maximum(0.0, (float(now_ms) - np.where(missing, float(now_ms), created)) / DAY_MS)
     return np.where(missing, 1.0, 0.8 + 0.2 / (1.0 + np.log(1.0 + days)))
 
 
 @dataclass(frozen=True)
 class HybridParts:
-    """Final hybrid score and its additive, already weighted and decayed parts (same shape)."""
+    """Final hybrid score and its additive, already weighted and decayed parts (same shape). ``stacked``, when
+    set, is the (4, …) array whose rows are graph, vector, lexical and importance (those fields are its rows)."""
 
     score: np.ndarray
     graph: np.ndarray
@@ -55,15 +58,12 @@ class HybridParts:
     lexical: np.ndarray
     importance: np.ndarray
     decay: np.ndarray
+    stacked: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
 def _weight_sum(*weights: float) -> float:
     # Only positive weights count in the denominator (reference: x⁺ = max(0, x)); floor 1e-6.
     return max(1e-6, sum(max(0.0, w) for w in weights))
-
-
-def _clip01(x: np.ndarray, nan_value: float) -> np.ndarray:
-    return np.clip(np.where(np.isnan(x), nan_value, x), 0.0, 1.0)
 
 
 def hybrid_score(
@@ -84,20 +84,29 @@ def hybrid_score(
     >>> round(float(parts.score), 12), float(parts.graph + parts.vector + parts.lexical + parts.importance)
     (0.601694915254, 0.6016949152542374)
     """
-    g = _clip01(np.asarray(graph, dtype=np.float64) / 2.0, 0.0)
-    v = _clip01(np.asarray(vector, dtype=np.float64), 0.0)
-    lx = _clip01(np.asarray(lexical, dtype=np.float64), 0.0)
+    g = np.asarray(graph, dtype=np.float64)
+    v = np.asarray(vector, dtype=np.float64)
+    lx = np.asarray(lexical, dtype=np.float64)
     imp = np.asarray(importance, dtype=np.float64)
-    i = _clip01(np.where(np.isnan(imp), 5.0, imp) / 10.0, 0.0)
-    denom = _weight_sum(graph_weight, vector_weight, importance_weight, lexical_weight)
     decay = time_decay(created_ms, now_ms)
-    g, v, lx, i, decay = np.broadcast_arrays(g, v, lx, i, decay)
-    p_graph = graph_weight * g / denom * decay
-    p_vector = vector_weight * v / denom * decay
-    p_lexical = lexical_weight * lx / denom * decay
-    p_importance = importance_weight * i / denom * decay
-    score = ((p_graph + p_vector) + p_lexical) + p_importance
-    return HybridParts(score, p_graph, p_vector, p_lexical, p_importance, np.array(decay))
+    shapes = {g.shape, v.shape, lx.shape, imp.shape, decay.shape}
+    shape = shapes.pop() if len(shapes) == 1 else np.broadcast_shapes(*shapes)
+    # The four normalised inputs as the rows of one array, so each step below is one operation for all four
+    # (element by element the same operations as column by column): g = graph / 2, NaN importance → 5.
+    x = np.empty((4, *shape))
+    x[0] = g / 2.0
+    x[1] = v
+    x[2] = lx
+    x[3] = np.where(np.isnan(imp), 5.0, imp) / 10.0
+    np.copyto(x, 0.0, where=np.isnan(x))  # NaN → 0, then clamped to [0, 1] (in place)
+    x.clip(0.0, 1.0, out=x)
+    denom = _weight_sum(graph_weight, vector_weight, importance_weight, lexical_weight)
+    weights = np.array([graph_weight, vector_weight, lexical_weight, importance_weight]).reshape(4, *[1] * len(shape))
+    parts = weights * x / denom * decay
+    score = ((parts[0] + parts[1]) + parts[2]) + parts[3]
+    if decay.shape != shape:
+        decay = np.broadcast_to(decay, shape).copy()
+    return HybridParts(score, parts[0], parts[1], parts[2], parts[3], decay, stacked=parts)
 
 
 # --- scalar transliterations ------------------------------------------------------------------------------

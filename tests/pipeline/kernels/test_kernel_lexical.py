@@ -21,6 +21,7 @@ from memory_recall.pipeline.kernels import (
     prepare_sources,
     prepared_lexical_score,
 )
+from memory_recall.pipeline.kernels.lexical import PackedFieldTable
 from memory_recall.text.normalize import js_len, normalize_lexical
 
 MODES = [pytest.param(False, id="extended"), pytest.param(True, id="reference")]
@@ -296,3 +297,62 @@ class TestBatchScores:
         assert vocab.ids_of(["tower", "gate"]) == [1, 2]
         assert len(vocab) == 3
         assert sorted(vocab.known(frozenset({"gate", "moon"}))) == [2]
+
+
+class TestPackedFieldTable:
+    @settings(max_examples=200, deadline=None)
+    @given(
+        nodes=st.lists(
+            st.one_of(st.none(), st.tuples(st.lists(_TEXT, max_size=2), st.lists(_TEXT, max_size=3))),
+            min_size=1, max_size=6,
+        ),
+        batches=st.lists(
+            st.tuples(st.lists(st.integers(0, 5), max_size=8), st.lists(_TEXT, max_size=3)), min_size=1, max_size=4
+        ),
+        max_nodes=st.integers(1, 8),
+        ref=st.booleans(),
+    )
+    def test_scores_equal_the_scalar_score_bit_for_bit(self, nodes, batches, max_nodes, ref) -> None:
+        """Batches over one table (repeats, nodes without text, the bound passed and the table emptied)."""
+        prepared = [None if n is None else prepare_node(n[0], n[1], reference=ref) for n in nodes]
+        table = PackedFieldTable(len(nodes), max_nodes)
+        calls: list[int] = []
+
+        def prepare(i: int):
+            calls.append(i)
+            return prepared[i]
+
+        largest = 0  # distinct nodes of the largest batch so far: the table may keep one batch past the bound
+        for keys, sources in batches:
+            keys = [k % len(nodes) for k in keys]
+            srcs = prepare_sources(sources, reference=ref)
+            got = table.scores(np.array(keys, dtype=np.int64), srcs, prepare)
+            expected = [0.0 if prepared[k] is None else prepared_lexical_score(prepared[k], srcs) for k in keys]
+            assert got.dtype == np.float64 and got.tolist() == expected
+            if srcs.items and keys:
+                largest = max(largest, len(set(keys)))
+                assert set(keys) <= set(table.keys())
+                assert len(table) <= max(max_nodes, largest)
+        if max_nodes >= len(nodes):  # never emptied: every node prepared at most once
+            assert len(calls) == len(set(calls))
+
+    def test_fields_are_packed_once_and_kept_up_to_the_bound(self) -> None:
+        prepared = [prepare_node(["Alice"], ["the bell tower"]), None, prepare_node([], ["x a b"])]
+        table = PackedFieldTable(3, max_nodes=2)
+        calls: list[int] = []
+
+        def prepare(i: int):
+            calls.append(i)
+            return prepared[i]
+
+        srcs = prepare_sources(["alice at the tower"])
+        first = table.scores(np.array([0, 1, 0]), srcs, prepare)
+        assert calls == [0, 1] and table.keys() == [0, 1]
+        assert table.field_texts(0) == ("alice", "the bell tower", "alice the bell tower")
+        assert table.field_texts(1) == () and table.field_texts(2) is None
+        again = table.scores(np.array([1, 0]), srcs, prepare)
+        assert calls == [0, 1] and again.tolist() == first[[1, 0]].tolist()  # nothing packed again
+        table.scores(np.array([2]), srcs, prepare)  # 2 kept + 1 new > 2: the table starts over
+        assert calls == [0, 1, 2] and table.keys() == [2]
+        assert table.scores(np.array([0, 1, 2]), prepare_sources([]), prepare).tolist() == [0.0, 0.0, 0.0]
+        assert calls == [0, 1, 2]  # no source: nothing to match, nothing packed
