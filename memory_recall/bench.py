@@ -19,6 +19,11 @@ Each size runs in a fresh subprocess (so peak RSS is per size) and:
    BM25 channel: once with the real :class:`~memory_recall.providers.embedding.LocalEmbedder` (query embedding
    included; its vectors are recorded) and then ``--repeat`` times through a pass-through embedder returning the
    recorded vectors (query embedding excluded). Without the local engine both use seeded random query vectors.
+   These recalls share one snapshot, so the per-snapshot structures the stages derive lazily (scoring arrays,
+   packed lexical fields, anchor index, adjacency, ...) and the chat's BM25 index are warm;
+4. times ``--first`` recalls (default 5) each on a freshly built snapshot with the store's BM25 index dropped:
+   the first recall after a graph change, which builds all of those (snapshot build itself excluded, it is
+   ``snapshot_build_ms``).
 
 BLAS is limited to one thread inside the benchmark (threadpoolctl) so the two shared cores are not
 oversubscribed. The JSON written to ``--out`` is a list with one object per size (see :func:`bench_size`).
@@ -27,6 +32,7 @@ oversubscribed. The JSON written to ``--out`` is a list with one object per size
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -383,7 +389,7 @@ def write_graph(n: int, path: Path, *, chunk: int = 5000) -> dict[str, Any]:
 
 
 def bench_size(
-    n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "", store_dir: str = ""
+    n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "", store_dir: str = "", first: int = 5
 ) -> dict[str, Any]:
     """Benchmark one graph size in this process; returns its JSON object.
 
@@ -397,7 +403,8 @@ def bench_size(
     (process CPU time of one recall: less sensitive to other load on shared cores) (p50, p95),
     ``stages`` (name → p50, p95 of the stage traces; ``result`` is the result builder), ``snapshot_build_ms``,
     ``snapshot_read_ms`` (the store read part), ``snapshot_build_cpu_ms`` (process CPU time of the build),
-    ``ingest_nodes_per_s``, ``peak_rss_mb``,
+    ``ingest_nodes_per_s``, ``peak_rss_mb``, ``first_recall_ms`` (p50, p95 of the first recall on a fresh
+    snapshot without a BM25 index, query embedding excluded) with ``first_recall_stages``,
     ``embedding_matrix_mb``, ``rss_target_mb`` and ``query_embedding`` (``local`` or ``random``).
     """
     from memory_recall.settings import RecallSettings
@@ -426,17 +433,20 @@ def bench_size(
         out["edges"] = written["edges"]
         out["ingest_nodes_per_s"] = written["ingest_nodes_per_s"]
         with Store(path) as store, _blas_one_thread():
-            _bench_store(store, out, plan, settings, repeat=repeat, profile=profile)
+            _bench_store(store, out, plan, settings, repeat=repeat, profile=profile, first=first)
     out["peak_rss_mb"] = round(_peak_rss_mb(), 1)
     return out
 
 
-def _bench_store(store: Any, out: dict[str, Any], plan: _Scene, settings: Any, *, repeat: int, profile: str) -> None:
+def _bench_store(
+    store: Any, out: dict[str, Any], plan: _Scene, settings: Any, *, repeat: int, profile: str, first: int = 5
+) -> None:
     """Snapshot build and recall timings on the written store (fills ``out``)."""
     from memory_recall.pipeline.result import build_result
     from memory_recall.pipeline.retrieve import run_pipeline
     from memory_recall.pipeline.state import Providers
     from memory_recall.providers.embedding import LOCAL_MODEL_ID, LocalEmbedder, local_engine_available
+    from memory_recall.store.bm25_index import cache_for
     from memory_recall.store.snapshot import build_snapshot, release_freed_heap
 
     n = plan.n
@@ -461,11 +471,11 @@ def _bench_store(store: Any, out: dict[str, Any], plan: _Scene, settings: Any, *
     out["snapshot_build_cpu_ms"] = round(float(np.median(build_cpu)), 1)  # less sensitive to other load
     lexical = partial(store.bm25, CHAT)
 
-    def once(k: int, text: str, embedder: Any) -> tuple[float, dict[str, float]]:
+    def once(k: int, text: str, embedder: Any, on: Any = None) -> tuple[float, dict[str, float]]:
         cpu = time.process_time()
         start = time.perf_counter()
-        run = run_pipeline(snap, _query(plan, k, text), settings, Providers(embedder=embedder,
-                                                                           lexical_index=lexical))
+        run = run_pipeline(on if on is not None else snap, _query(plan, k, text), settings,
+                           Providers(embedder=embedder, lexical_index=lexical))
         t0 = time.perf_counter()
         build_result(run.state, run.settings, timings=run.timings)
         end = time.perf_counter()
@@ -513,6 +523,24 @@ def _bench_store(store: Any, out: dict[str, Any], plan: _Scene, settings: Any, *
     out["pipeline_ms"] = _pct(pipeline)
     out["total_cpu_ms"] = _pct(cpu)
     out["stages"] = {name: _pct(v) for name, v in stages.items()}
+
+    # The first recall after a graph change: a fresh snapshot (its build not timed) and no BM25 index, so the
+    # recall pays every lazily derived structure (a new message or graph write starts the same way).
+    firsts: list[float] = []
+    first_stages: dict[str, list[float]] = {}
+    for j in range(first):
+        fresh = build_snapshot(store.snapshot_source(CHAT, LOCAL_MODEL_ID), now_ms=NOW_MS)
+        cache_for(store).clear()
+        gc.collect()
+        k = (j * 7) % len(QUERIES)
+        total, timings = once(k, QUERIES[k], passthrough, fresh)
+        firsts.append(total)
+        for name, ms in timings.items():
+            first_stages.setdefault(name, []).append(ms)
+        del fresh
+    if firsts:
+        out["first_recall_ms"] = {**_pct(firsts), "max": round(max(firsts), 3)}
+        out["first_recall_stages"] = {name: _pct(v) for name, v in first_stages.items() if name not in ("cpu",)}
     matrix_mb = n * DIM * 4 / 2**20
     out["embedding_matrix_mb"] = round(matrix_mb, 1)
     out["rss_target_mb"] = round(2.5 * matrix_mb + 200, 1)
@@ -526,15 +554,17 @@ def _bench_store(store: Any, out: dict[str, Any], plan: _Scene, settings: Any, *
 def _table(results: Sequence[dict[str, Any]]) -> str:
     lines = []
     head = (f"{'nodes':>7} {'p50 ms':>8} {'p95 ms':>8} {'cpu p95':>8} {'+emb p50':>9} {'+emb p95':>9} {'snap ms':>8} "
-            f"{'ingest/s':>9} {'RSS MB':>7} {'RSS max':>7}")
+            f"{'ingest/s':>9} {'RSS MB':>7} {'RSS max':>7} {'1st p50':>8} {'1st max':>8}")
     lines.append(head)
     for r in results:
         emb = r.get("total_ms_with_embedding") or {"p50": float("nan"), "p95": float("nan")}
+        first = r.get("first_recall_ms") or {"p50": float("nan"), "max": float("nan")}
         lines.append(
             f"{r['nodes']:>7} {r['total_ms']['p50']:>8.2f} {r['total_ms']['p95']:>8.2f} "
             f"{r.get('total_cpu_ms', {}).get('p95', float('nan')):>8.2f} {emb['p50']:>9.2f} "
             f"{emb['p95']:>9.2f} {r['snapshot_build_ms']:>8.0f} {r['ingest_nodes_per_s']:>9.0f} "
-            f"{r['peak_rss_mb']:>7.0f} {r.get('rss_target_mb', 0):>7.0f}"
+            f"{r['peak_rss_mb']:>7.0f} {r.get('rss_target_mb', 0):>7.0f} "
+            f"{first['p50']:>8.1f} {first['max']:>8.1f}"
         )
     names = list(dict.fromkeys(name for r in results for name in r["stages"]))
     lines.append("")
@@ -544,6 +574,14 @@ def _table(results: Sequence[dict[str, Any]]) -> str:
         for r in results:
             s = r["stages"].get(name)
             cells.append(f"{s['p50']:>7.2f}/{s['p95']:<7.2f}" if s else f"{'-':>15}")
+        lines.append(f"{name:<18}" + " ".join(cells))
+    lines.append("")
+    lines.append(f"{'first recall p50':<18}" + "".join(f"{r['nodes']:>16}" for r in results))
+    for name in list(dict.fromkeys(name for r in results for name in r.get("first_recall_stages", {}))):
+        cells = []
+        for r in results:
+            s = r.get("first_recall_stages", {}).get(name)
+            cells.append(f"{s['p50']:>15.2f}" if s else f"{'-':>15}")
         lines.append(f"{name:<18}" + " ".join(cells))
     return "\n".join(lines)
 
@@ -556,6 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default="bench.json", help="JSON output path")
     parser.add_argument("--profile", default="", help="write a pyinstrument text profile of the timed recalls")
     parser.add_argument("--store-dir", default="", help="keep the generated stores here and reuse them next time")
+    parser.add_argument("--first", type=int, default=5, help="first recalls on a fresh snapshot per size")
     parser.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)  # worker mode: one size
     parser.add_argument("--write", type=int, default=0, help=argparse.SUPPRESS)  # writer mode: one graph
     parser.add_argument("--db", default="", help=argparse.SUPPRESS)
@@ -565,12 +604,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dump(write_graph(args.write, Path(args.db), chunk=args.chunk), sys.stdout)
         return 0
     if args.one:
-        json.dump(bench_size(args.one, repeat=args.repeat, profile=args.profile, store_dir=args.store_dir), sys.stdout)
+        json.dump(bench_size(args.one, repeat=args.repeat, profile=args.profile, store_dir=args.store_dir,
+                             first=args.first), sys.stdout)
         return 0
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     results = []
     for n in sizes:
-        cmd = [sys.executable, "-m", "memory_recall.bench", "--one", str(n), "--repeat", str(args.repeat)]
+        cmd = [sys.executable, "-m", "memory_recall.bench", "--one", str(n), "--repeat", str(args.repeat),
+               "--first", str(args.first)]
         if args.profile:
             cmd += ["--profile", f"{args.profile}.{n}.txt"]
         if args.store_dir:
