@@ -62,18 +62,30 @@ def _folded_anchors(snapshot: GraphSnapshot) -> _FoldedAnchors:
     """The snapshot's :class:`_FoldedAnchors`, built once per snapshot (one pass over the distinct terms)."""
 
     def build() -> _FoldedAnchors:
-        merged: dict[str, set[int]] = {}
-        for term, nodes in snapshot.anchor_index.items():
-            merged.setdefault(fold(term), set()).update(nodes)
+        terms = snapshot.anchor_index
+        folded = list(map(fold, terms))
+        if len(set(folded)) == len(folded):
+            # The usual case: no two terms fold alike, so only node lists of several entries need sorting.
+            index = {
+                k: v if len(v) < 2 else tuple(sorted(set(v))) for k, v in zip(folded, terms.values(), strict=True)
+            }
+        else:
+            merged: dict[str, set[int]] = {}
+            for term, nodes in zip(folded, terms.values(), strict=True):
+                merged.setdefault(term, set()).update(nodes)
+            index = {k: tuple(sorted(v)) for k, v in merged.items()}
         # fold() keeps lengths, so these are the snapshot's anchor_lengths restricted to each prefix's terms.
         lengths: dict[str, set[int]] = {}
-        for term in merged:
+        single: list[str] = []
+        for term in index:
             if len(term) > 1:
                 lengths.setdefault(term[:2], set()).add(len(term))
+            elif len(term) == 1:
+                single.append(term)
         return _FoldedAnchors(
-            index={k: tuple(sorted(v)) for k, v in merged.items()},
+            index=index,
             lengths_by_prefix={k: tuple(sorted(v, reverse=True)) for k, v in lengths.items()},
-            single=frozenset(term for term in merged if len(term) == 1),
+            single=frozenset(single),
         )
 
     value, _ = cached(snapshot, ("anchors", "folded-index"), build)

@@ -184,6 +184,18 @@ def hub_factors(adjacency: sp.csr_matrix | sp.csr_array, threshold: int, exponen
     return np.minimum(1.0, threshold / np.maximum(degree, 1.0)) ** float(exponent)
 
 
+def _unique_pairs(pairs: np.ndarray, n: int) -> np.ndarray:
+    """``np.unique(pairs, axis=0)`` of (P, 2) int64 pairs: sorted by first then second column, no repeats. Pairs
+    of node indices in ``[0, n)`` are deduplicated as one int64 key each (``first·n + second``, the same order):
+    a 1-D unique is several times cheaper than the row-wise one."""
+    if pairs.size == 0 or n == 0 or pairs.min() < 0 or pairs.max() >= n or n > 3_000_000_000:
+        return np.unique(pairs, axis=0)
+    keys = np.sort(pairs[:, 0] * n + pairs[:, 1])
+    keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
+    first, second = np.divmod(keys, n)
+    return np.stack([first, second], axis=1)
+
+
 def _build_adjacency(
     snapshot: GraphSnapshot, strength: float, hub_threshold: int = 0, hub_exponent: float = 1.0
 ) -> Adjacency:
@@ -198,7 +210,7 @@ def _build_adjacency(
     synthetic = 0
     pairs = np.asarray(snapshot.temporal_pairs, dtype=np.int64).reshape(-1, 2)
     if strength > 0 and pairs.size:
-        pairs = np.unique(np.sort(pairs, axis=1), axis=0)
+        pairs = _unique_pairs(np.sort(pairs, axis=1), n)
         synthetic = int(pairs.shape[0])
         w = np.full(2 * synthetic, min(1.0, strength))
         temporal = sp.csr_array(

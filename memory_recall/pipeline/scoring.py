@@ -228,19 +228,69 @@ class _SnapshotArrays:
     temporal_memo: dict[tuple[float, bool], np.ndarray]
 
 
-def _lower_array(values: Sequence[str]) -> np.ndarray:
+def _lower_list(values: Sequence[str]) -> list[str]:
+    """``np.char.lower(np.array(values, dtype=str)).tolist()``: the strings lower-cased as numpy strings, the form
+    the comparisons were defined on. ``np.char.lower`` applies ``str.lower`` per element, but a numpy string drops
+    trailing NULs and keeps the array's width, so a string that lower-casing lengthens ("İ" → "i̇") may be cut.
+    ``str.lower`` on the list is several times faster and gives the same strings when no string holds a NUL and
+    none changes length; otherwise the numpy path runs."""
+    try:
+        lowered = [v.lower() for v in values]
+        exact = "\x00" not in "".join(values) and list(map(len, lowered)) == list(map(len, values))
+    except (AttributeError, TypeError):  # not all str: numpy converts them
+        exact = False
+    if exact:
+        return lowered
     arr = np.array(values, dtype=str) if len(values) else np.zeros(0, dtype=str)
-    return np.char.lower(arr) if arr.size else arr
+    return (np.char.lower(arr) if arr.size else arr).tolist()  # type: ignore[no-any-return]
 
 
-def _encode(values: Sequence[str], vocab: dict[str, int]) -> np.ndarray:
-    """Integer code of each string, new strings added to ``vocab``."""
-    return np.fromiter((vocab.setdefault(v, len(vocab)) for v in values), dtype=np.int32, count=len(values))
+class _Coder(dict[str, int]):
+    """String → code in ``vocab`` of its form (lower-cased by ``str.lower`` when ``lower``); a string met for the
+    first time is coded by ``__missing__``, so a column costs one dict lookup per value. ``exact`` turns False when
+    ``str.lower`` may differ from numpy's lower-casing (:func:`_lower_list`: a NUL, or a length change)."""
+
+    def __init__(self, vocab: dict[str, int], lower: bool) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.lower = lower
+        self.exact = True
+
+    def __missing__(self, value: str) -> int:
+        coded = value
+        if self.lower:
+            coded = value.lower()
+            if len(coded) != len(value) or "\x00" in value:
+                self.exact = False
+        code = self[value] = self.vocab.setdefault(coded, len(self.vocab))
+        return code
+
+
+def _encode(values: Sequence[str], vocab: dict[str, int], *, lower: bool) -> np.ndarray:
+    """Integer code of each string (lower-cased as :func:`_lower_list` does first when ``lower``), new strings
+    added to ``vocab`` in first-occurrence order (equal codes ⇔ equal strings). One pass with ``str.lower`` per
+    distinct string; where that may differ from numpy's lower-casing, the column is coded again from
+    :func:`_lower_list` of its distinct strings (a numpy string array of the distinct strings has the width of one
+    of all of them, so the lower-cased strings are the same)."""
+    size = len(vocab)
+    coder = _Coder(vocab, lower)
+    try:
+        codes = np.fromiter(map(coder.__getitem__, values), dtype=np.int32, count=len(values))
+    except (AttributeError, TypeError):  # not all str: numpy converts them
+        coder.exact = False
+    if coder.exact:
+        return codes
+    while len(vocab) > size:  # forget this column's codes (the newest entries)
+        vocab.popitem()
+    distinct = list(dict.fromkeys(values))
+    coded = _lower_list(distinct) if lower else distinct
+    code_of = {v: vocab.setdefault(c, len(vocab)) for v, c in zip(distinct, coded, strict=True)}
+    return np.fromiter(map(code_of.__getitem__, values), dtype=np.int32, count=len(values))
 
 
 def _orders(order: dict[str, int], ids: Sequence[str]) -> np.ndarray:
-    # dict.get in C via map; None (unknown id or "") becomes NaN.
-    return np.array(list(map(order.get, ids)), dtype=np.float64) if len(ids) else np.zeros(0)
+    """Segment order of each id as float64; NaN for an unknown id (or "")."""
+    return np.fromiter(map(order.get, ids, itertools.repeat(math.nan)), dtype=np.float64, count=len(ids))
 
 
 #: Widest token matrix kept (_SnapshotArrays.token_matrix); a graph with a node holding more uses the ragged form.
@@ -270,10 +320,10 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
         # Lower-cased as numpy strings (``np.char.lower``), the form the comparisons were defined on.
         vocab: dict[str, int] = {}
         tokens = list(itertools.chain.from_iterable(snapshot.region_tokens))
-        owner_key_code = _encode(list(snapshot.scope_owner_key), vocab)
-        owner_name_code = _encode(_lower_array(snapshot.scope_owner_name).tolist(), vocab)
-        region_primary_code = _encode(_lower_array(snapshot.region_primary).tolist(), vocab)
-        token_codes = _encode(_lower_array(tokens).tolist(), vocab)
+        owner_key_code = _encode(list(snapshot.scope_owner_key), vocab, lower=False)
+        owner_name_code = _encode(snapshot.scope_owner_name, vocab, lower=True)
+        region_primary_code = _encode(snapshot.region_primary, vocab, lower=True)
+        token_codes = _encode(tokens, vocab, lower=True)
         point = _orders(order, snapshot.segment_id)
         span_start = _orders(order, snapshot.span_start_segment)
         span_end = _orders(order, snapshot.span_end_segment)

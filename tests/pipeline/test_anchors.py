@@ -85,6 +85,14 @@ class TestLatinMatching:
         result, _ = anchors_of(snap, "renee went to the red dragon inn.")
         assert result == [("r", "Renée"), ("t", "Red Dragon Inn")]
 
+    def test_terms_folding_alike_anchor_every_node(self):
+        # "Renée", "RENEE" and "Renee" fold to one term: its node list merges the three nodes (sorted, once each).
+        snap = snapshot(
+            [node("c", name="Renee"), node("a", name="Renée"), node("b", "location", name="RENEE", title="Renée")]
+        )
+        result, _ = anchors_of(snap, "Renee waved.")
+        assert result == [("c", "Renee"), ("a", "Renée"), ("b", "RENEE")]
+
     def test_digits_on_boundaries(self):
         snap = snapshot([node("r", name="R2")])
         assert anchors_of(snap, "R2D2 beeps")[0] == []

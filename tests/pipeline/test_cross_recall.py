@@ -482,3 +482,21 @@ class TestContract:
         assert out.trace.name == "cross_recall"
         assert out.trace.score_direction == "higher_is_better"
         assert out.trace.count_out == 2
+
+
+def test_eligible_mask_is_cooccurrence_eligible_of_every_node() -> None:
+    from memory_recall.pipeline.cross_recall import _cooccurrence_eligible_mask
+
+    nodes = [
+        node("a", name="Alice"),
+        node("b", name="Bram", archived=True),
+        node("e", "event", title="Harvest Fair"),
+        node("l", "location", name="Tower"),
+        node("s", "synopsis", title="Old Story"),
+        node("x", "location"),
+        node("c", name="Cora", title="Captain"),
+    ]
+    snap = snapshot(graph(nodes))
+    expected = cooccurrence_eligible(snap, np.arange(snap.n))
+    assert expected.tolist() == [True, False, False, True, False, False, True]
+    assert _cooccurrence_eligible_mask(snap).tolist() == expected.tolist()

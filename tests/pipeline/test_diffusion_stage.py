@@ -475,3 +475,19 @@ class TestContract:
         assert out.trace.name == "diffusion"
         assert out.trace.elapsed_ms >= 0
         assert (out.trace.count_in, out.trace.count_out) == (1, 3)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 1000])
+def test_unique_pairs_is_numpy_row_unique(n: int) -> None:
+    from memory_recall.pipeline.diffusion import _unique_pairs
+
+    rng = np.random.default_rng(n)
+    for size in (0, 1, 5, 400):
+        pairs = np.sort(rng.integers(0, n, (size, 2)), axis=1)
+        expected = np.unique(pairs, axis=0)
+        got = _unique_pairs(pairs, n)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert np.array_equal(got, expected)
+    # Indices outside [0, n) take numpy's row-wise path (same answer).
+    odd = np.array([[-1, 3], [-1, 3], [0, n + 5]], dtype=np.int64)
+    assert np.array_equal(_unique_pairs(odd, n), np.unique(odd, axis=0))

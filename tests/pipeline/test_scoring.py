@@ -1184,3 +1184,46 @@ def test_owner_lists_per_node_for_any_number_of_owners(k: int) -> None:
         assert seen[nid] == [keys[o] for o in range(k) if columns[o, j]]
         assert missing.get(nid, []) == [keys[o] for o in range(k) if not columns[o, j]]
         assert (nid in missing) == (not columns[:, j].all())
+
+
+# The per-snapshot code columns: numpy's lower-casing and first-occurrence codes, built without numpy strings.
+
+# "İ" lower-cases to two characters, "Σ" to a final sigma after a letter, numpy drops trailing NULs.
+_TRICKY = st.text(
+    alphabet=st.sampled_from(["A", "b", "İ", "ẞ", "ß", "Σ", "Α", "\x00", " ", "É", "艾", "ǅ"]), max_size=4
+)
+
+
+@hyp_settings(max_examples=200, deadline=None)
+@given(st.lists(_TRICKY, max_size=8))
+def test_lower_list_is_numpy_lower(values: list[str]) -> None:
+    from memory_recall.pipeline.scoring import _lower_list
+
+    expected = np.char.lower(np.array(values, dtype=str)).tolist() if values else []
+    assert _lower_list(values) == expected
+
+
+def test_lower_list_keeps_numpy_width_and_nul_rules() -> None:
+    from memory_recall.pipeline.scoring import _lower_list
+
+    assert _lower_list(["İ"]) == ["i"]  # "i̇" cut to the array's one-character width
+    assert _lower_list(["İ", "ab"]) == ["i̇", "ab"]  # fits the width of "ab"
+    assert _lower_list(["A\x00", "B"]) == ["a", "b"]  # trailing NUL dropped by numpy
+    assert _lower_list(["Ab", "CD"]) == ["ab", "cd"]
+    assert _lower_list([]) == []
+
+
+@hyp_settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_TRICKY, max_size=8), min_size=1, max_size=3), st.lists(st.booleans(), min_size=3, max_size=3))
+def test_encode_numbers_strings_in_first_occurrence_order(columns: list[list[str]], lower: list[bool]) -> None:
+    from memory_recall.pipeline.scoring import _encode
+
+    vocab: dict[str, int] = {}
+    expected_vocab: dict[str, int] = {}
+    for column, low in zip(columns, lower[: len(columns)], strict=True):
+        codes = _encode(column, vocab, lower=low)
+        coded = (np.char.lower(np.array(column, dtype=str)).tolist() if column else []) if low else column
+        expected = [expected_vocab.setdefault(v, len(expected_vocab)) for v in coded]
+        assert codes.dtype == np.int32
+        assert codes.tolist() == expected
+    assert vocab == expected_vocab

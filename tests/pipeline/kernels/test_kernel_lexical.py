@@ -127,6 +127,17 @@ class TestExtendedUnits:
         assert field_match("Иван", ["где Иван, брат"], 0, 0, 0.72, reference=True) == 0.0
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab zé1Ω\u0301жЖё-ꙁ\u1c80艾琳かカ한ㅎ・ 0.\U00020bb7")), max_size=20))
+def test_spaced_script_shortcut_equals_the_run_loop(text: str) -> None:
+    from memory_recall.pipeline.kernels.lexical import _extended_runs, _normalise, _units_of_normalised
+
+    norm = _normalise(text, False)
+    out: dict[str, None] = {}
+    _extended_runs(out, norm)
+    assert _units_of_normalised.__wrapped__(norm, False) == tuple(out)
+
+
 class TestFieldMatch:
     def test_exact_beats_everything_and_has_no_length_limit(self) -> None:
         assert field_match("A", ["a"], 1.0, 0.92, 0.72) == 1.0
@@ -253,6 +264,20 @@ class TestPreparedNode:
 
     def test_no_sources_score_zero(self) -> None:
         assert prepared_lexical_score(prepare_node(["Alice"], []), prepare_sources(["", "  "])) == 0.0
+
+    def test_remembered_nodes_equal_a_fresh_preparation(self) -> None:
+        from memory_recall.pipeline.kernels.lexical import _prepare_node
+
+        for ref in (False, True):
+            first = prepare_node(["Alice", "钟楼"], ["the old tower"], reference=ref)
+            assert prepare_node(["Alice", "钟楼"], ["the old tower"], reference=ref) is first  # remembered
+            assert first == _prepare_node(["Alice", "钟楼"], ["the old tower"], ref)
+        # The reference flag is part of the key; lists and tuples of the same texts are the same node.
+        assert prepare_node(("Alice",), ()) is prepare_node(["Alice"], [])
+        assert prepare_node(["Alice"], [], reference=True) is not prepare_node(["Alice"], [])
+        # Texts that are not plain strings are prepared on every call, as before.
+        assert prepare_node([12], [None]) == _prepare_node([12], [None], False)
+        assert [f.text for f in prepare_node([12], [None]).fields] == ["12", "12"]
 
 
 class TestBatchScores:
