@@ -357,6 +357,9 @@ class RecallController:
             chat, model_id, reinforce_ids, step, new_version,
             base_version=base_version, now_ms=now,
         )
+        # The batch only reinforced nodes and wrote a record (no indexed text, no archived flag): the chat's BM25
+        # index at base_version (read inside the batch, so no other write lies between) serves new_version too.
+        self.store.carry_bm25(chat, base_version, new_version)
         return record, new_version
 
     # -- records -------------------------------------------------------------------------------------------

@@ -11,6 +11,13 @@ visibility mask) cannot grow without bound.
 Also shared by the stages of this part of the pipeline (diffusion, residual, cross recall, co-occurrence): the
 per-recall node masks (:func:`active_mask`, :func:`hidden_mask`, :func:`cooccurrence_eligible`) and small
 order-preserving array helpers. Private to ``memory_recall.pipeline``.
+
+Carry-over across access reinforcement: a recall's reinforcement write gives the chat a new version, and
+:meth:`~memory_recall.store.snapshot.SnapshotCache.apply_reinforcement` replaces the cached snapshot by a new
+object that differs only in ``importance``, ``version`` and the reinforced nodes' JSON (``access_count``,
+``importance``, ``last_access_time``). The entries that depend on none of these are handed to the new snapshot
+(:func:`carry_over` with :data:`REINFORCEMENT_SAFE_KEYS`, registered as the snapshot cache's carry hook when this
+module is imported) instead of being rebuilt. The list is an explicit allow-list: an entry not on it is rebuilt.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from memory_recall.store.snapshot import TYPE_CODE
+from memory_recall.store.snapshot import TYPE_CODE, SnapshotCache
 
 if TYPE_CHECKING:
     from memory_recall.pipeline.state import RecallState
@@ -34,8 +41,10 @@ if TYPE_CHECKING:
 __all__ = [
     "COOCCURRENCE_EXCLUDED_TYPES",
     "MAX_ENTRIES_PER_SNAPSHOT",
+    "REINFORCEMENT_SAFE_KEYS",
     "active_mask",
     "cached",
+    "carry_over",
     "cooccurrence_eligible",
     "has_anchor_term_mask",
     "hidden_mask",
@@ -79,6 +88,84 @@ def cached(snapshot: GraphSnapshot, key: Hashable, build: Callable[[], T]) -> tu
         while len(entries) > MAX_ENTRIES_PER_SNAPSHOT:
             entries.popitem(last=False)
     return value, False
+
+
+#: Cache keys (or key prefixes: a tuple key whose leading items equal an entry's tuple matches it) whose values
+#: depend on nothing access reinforcement changes (``importance``, ``access_count``, ``last_access_time``), so a
+#: snapshot carried over a reinforcement-only write keeps them. Each reason names what the build reads. Left out
+#: on purpose (they read what reinforcement changes): ``("cooccurrence-index", …)`` and ``("cooccurrence-columns",
+#: …)`` (built from ``snapshot.importance``), ``("owners", "snapshot")`` (walk lists ordered by recency then
+#: importance), ``("result-kept",)`` (node dumps hold ``access_count`` …), ``("result-core-order",)`` (ordered by
+#: importance).
+REINFORCEMENT_SAFE_KEYS: tuple[tuple[str, ...] | str, ...] = (
+    # scoring: region tokens, scope owner keys/names, primary regions, timeline segment orders, tense and story
+    # labels, knowledge gate codes and visibility; lazily, node labels (name/title/summary text) and per-segment
+    # temporal codes from those arrays.
+    ("scoring-arrays",),
+    # scoring: the nodes' lexical field texts (name/title primary, secondary fields), packed on first use.
+    ("lexical-fields",),
+    # anchors: folded form of ``snapshot.anchor_index`` (anchor terms of the non-archived nodes).
+    ("anchors", "folded-index"),
+    # visibility: archived flags, finite ranges and ``fields.visibility`` names.
+    ("visibility", "index"),
+    # context: ``snapshot.region_primary`` only.
+    ("context", "has-primary-region"),
+    # context: knowledge owner rows (keys, names, aliases, updated_at), owner nodes' seq/seq_end, timeline segments.
+    ("context", "owner-index"),
+    # cross recall: anchor terms, type codes and archived flags.
+    "cross-recall-cooccurrence-eligible",
+    # diffusion: edge adjacency/inhibit matrices and temporal prev/next pairs (with hub damping from degrees).
+    ("diffusion-adjacency",),
+    # diffusion: the adjacency above with the rows/columns of a visibility mask (part of the key) zeroed.
+    ("diffusion-adjacency-masked",),
+    # dedup: per node, a number for (scope owner key, summary/insight/title/name text), only ever compared for
+    # equality; per range-type set, masks from type codes and seq ranges.
+    ("dedup-keys",),
+)
+
+
+def _allowed(key: Hashable, allowed: tuple[tuple[str, ...] | str, ...]) -> bool:
+    for entry in allowed:
+        if isinstance(entry, tuple):
+            if isinstance(key, tuple) and key[: len(entry)] == entry:
+                return True
+        elif key == entry:
+            return True
+    return False
+
+
+def carry_over(
+    old: GraphSnapshot, new: GraphSnapshot, keys: tuple[tuple[str, ...] | str, ...] = REINFORCEMENT_SAFE_KEYS
+) -> list[Hashable]:
+    """Share with ``new`` the entries of ``old`` whose key matches ``keys`` (see :data:`REINFORCEMENT_SAFE_KEYS`);
+    returns the keys carried (least recently used first).
+
+    The caller guarantees that those entries, built on ``old``, equal what ``new`` would build: values are shared,
+    not copied (they are immutable or only filled lazily with values that are equal on both). Entries ``new``
+    already holds are kept. ``new`` ends with at most :data:`MAX_ENTRIES_PER_SNAPSHOT` entries.
+    """
+    with _LOCK:
+        source = _CACHE.get(old)
+        if not source:
+            return []
+        carried = [(k, v) for k, v in source.items() if _allowed(k, keys)]
+        if not carried:
+            return []
+        target: dict[Hashable, Any] = _CACHE.get(new) or {}
+        # The new snapshot's own entries win and count as more recently used than the carried ones.
+        merged: OrderedDict[Hashable, Any] = OrderedDict((k, v) for k, v in carried if k not in target)
+        merged.update(target)
+        while len(merged) > MAX_ENTRIES_PER_SNAPSHOT:
+            merged.popitem(last=False)
+        _CACHE[new] = merged
+        return [k for k, _ in carried if k in merged and k not in target]
+
+
+def _carry_reinforced(old: GraphSnapshot, new: GraphSnapshot) -> None:
+    carry_over(old, new)
+
+
+SnapshotCache.register_reinforcement_carry(_carry_reinforced)
 
 
 def mask_digest(mask: np.ndarray) -> str:

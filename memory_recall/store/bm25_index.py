@@ -41,7 +41,8 @@ Contract
 
 :class:`Bm25Cache` holds the latest index per chat keyed by ``(chat_id, version)`` and the stem
 method (an index stemmed one way never answers a query of another); the store's version contract (a version is
-never reused, not even by a chat deleted and created again) makes that key safe.
+never reused, not even by a chat deleted and created again) makes that key safe. :meth:`Bm25Cache.carry` moves an
+index to the next version over a write that changed no indexed text (access reinforcement, records).
 """
 
 from __future__ import annotations
@@ -308,6 +309,24 @@ class Bm25Cache:
             while len(self._entries) > self.max_chats:
                 self._entries.popitem(last=False)
         return index
+
+    def carry(self, chat_id: str, base_version: int, new_version: int) -> int:
+        """Re-key the chat's indexes cached at exactly ``base_version`` (every stem method) to ``new_version``;
+        returns how many were carried.
+
+        Only for a write that took the chat from ``base_version`` to ``new_version`` without changing any indexed
+        text or the set of indexed (non-archived) nodes, e.g. access reinforcement (the caller's guarantee: the
+        index at ``new_version`` would be built from the same rows). An entry at another version is left alone.
+        """
+        if new_version <= base_version:
+            raise ValueError(f"new_version {new_version} must follow base_version {base_version}")
+        carried = 0
+        with self._lock:
+            for key, (version, index) in list(self._entries.items()):
+                if key[0] == chat_id and version == base_version:
+                    self._entries[key] = (new_version, index)
+                    carried += 1
+        return carried
 
     def clear(self) -> None:
         """Drop every cached index."""

@@ -26,10 +26,10 @@ import struct
 import sys
 import threading
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -1142,6 +1142,18 @@ def snapshot_from_graph(
 class SnapshotCache:
     """Keeps the latest snapshot per (chat, model) and rebuilds it only when it went stale."""
 
+    #: Called as ``hook(old, new)`` when :meth:`apply_reinforcement` replaces ``old`` by ``new``, before ``new`` is
+    #: published: per-snapshot caches kept elsewhere (the pipeline's, weakly keyed by the snapshot object) hand
+    #: ``new`` what does not depend on access reinforcement. Registered by those modules when imported (the store
+    #: does not import the pipeline); shared by every cache instance.
+    _carry_hooks: ClassVar[list[Callable[[GraphSnapshot, GraphSnapshot], None]]] = []
+
+    @classmethod
+    def register_reinforcement_carry(cls, hook: Callable[[GraphSnapshot, GraphSnapshot], None]) -> None:
+        """Add ``hook`` to the carry hooks (see :attr:`_carry_hooks`); registering the same hook twice is a no-op."""
+        if hook not in cls._carry_hooks:
+            cls._carry_hooks.append(hook)
+
     def __init__(self) -> None:
         self._items: dict[tuple[str, str], GraphSnapshot] = {}
         self._lock = threading.Lock()
@@ -1177,8 +1189,9 @@ class SnapshotCache:
         version before the write), a copy with the reinforced ``importance`` (``min(10, importance + step)``),
         the nodes' JSON updated as :meth:`StoreWriter.reinforce` writes it (``access_count + 1``,
         ``last_access_time = now_ms``), their parsed-node cache entries dropped and ``version = new_version``
-        replaces it; it equals a rebuild at ``new_version``. Otherwise nothing changes (the next ``get``
-        rebuilds). Returns whether the cached snapshot was carried over.
+        replaces it; it equals a rebuild at ``new_version``. The carry hooks (:meth:`register_reinforcement_carry`)
+        then hand it the derived per-snapshot values that do not depend on reinforcement. Otherwise nothing changes
+        (the next ``get`` rebuilds). Returns whether the cached snapshot was carried over.
         """
         key = (chat_id, model_id)
         with self._lock:
@@ -1207,7 +1220,7 @@ class SnapshotCache:
             stale = set(idx)
             with snap._lock:
                 parsed = {i: n for i, n in snap._nodes.items() if i not in stale}
-            self._items[key] = dataclasses.replace(
+            carried = dataclasses.replace(
                 snap,
                 version=new_version,
                 importance=importance,
@@ -1215,6 +1228,9 @@ class SnapshotCache:
                 _nodes=parsed,
                 _lock=threading.Lock(),
             )
+            for hook in self._carry_hooks:
+                hook(snap, carried)
+            self._items[key] = carried
             return True
 
     def invalidate(self, chat_id: str | None = None) -> None:

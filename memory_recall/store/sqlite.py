@@ -2012,6 +2012,19 @@ class Store:
             index = cache_for(self).get(chat_id, version, lambda: _bm25_read_index(r._conn, chat_id, stem), stem)
         return index.query(term_list, limit)
 
+    def carry_bm25(self, chat_id: str, base_version: int, new_version: int) -> int:
+        """Declare that the committed write taking ``chat_id`` from ``base_version`` to ``new_version`` changed no
+        indexed text and no node's archived state (only :meth:`StoreWriter.reinforce` and records, whose writes
+        leave ``nodes_fts`` and ``archived`` alone): the chat's BM25 index cached at ``base_version`` then serves
+        ``new_version`` as is instead of being rebuilt. Returns how many indexes (stem methods) were carried.
+
+        Version contract: ``base_version`` must be the chat's version read inside that write batch
+        (:meth:`StoreWriter.chat_version`) and ``new_version`` the batch's :attr:`StoreWriter.version`, so that no
+        other write lies between them; an index cached at any other version is untouched. Calling it for a write
+        that did change indexed text would serve that write's old rows: never do.
+        """
+        return cache_for(self).carry(validate_chat_id(chat_id), base_version, new_version)
+
     # -- one-shot writes (each its own transaction and version bump) ---------------------------------------
 
     def upsert_nodes(self, chat_id: str, nodes: Iterable[Node | Mapping[str, Any]]) -> int:

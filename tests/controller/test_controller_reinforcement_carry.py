@@ -1,0 +1,179 @@
+"""Recalls through the controller with persist + access reinforcement keep what reinforcement does not change:
+the snapshot's derived caches (allow-listed keys) and the chat's BM25 index. Outputs on the carried state are
+byte-identical to the same recall on a fresh store handle, snapshot and caches at the same store version."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Hashable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memory_recall import bench
+from memory_recall.controller import RecallController, RecallRequest, RecallResponse
+from memory_recall.model.chat import ChatMessage
+from memory_recall.model.graph import Node
+from memory_recall.pipeline import _graph_cache
+from memory_recall.pipeline._graph_cache import REINFORCEMENT_SAFE_KEYS
+from memory_recall.pipeline.result import RecallResult, json_dumps
+from memory_recall.pipeline.retrieve import retrieve
+from memory_recall.providers.embedding import LOCAL_MODEL_ID
+from memory_recall.settings import RecallSettings
+from memory_recall.store import Store
+from memory_recall.store.bm25_index import Bm25Index, cache_for
+from memory_recall.store.snapshot import GraphSnapshot, SnapshotCache
+
+#: The benchmark graph (owners, knowledge, regions, timeline, embeddings) at a size that keeps the test fast.
+N_NODES = 600
+#: The largest step reinforcement allows: importance moves as much as it can between recalls.
+SETTINGS = RecallSettings(profile="app").with_overrides({"reinforcement": {"importance_step": 1.0}})
+RECALLS = 6
+
+
+@pytest.fixture(scope="module")
+def graph_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bench") / "graph.sqlite3"
+    bench.write_graph(N_NODES, path)
+    return path
+
+
+@pytest.fixture
+def store_path(graph_file: Path, tmp_path: Path) -> Path:
+    path = tmp_path / "store.sqlite3"
+    shutil.copyfile(graph_file, path)
+    return path
+
+
+@pytest.fixture
+def store(store_path: Path) -> Iterator[Store]:
+    s = Store(store_path)
+    yield s
+    s.close()
+
+
+class Recorder:
+    """The real ``retrieve``, remembering the canonical JSON of each result and the snapshot it ran on."""
+
+    def __init__(self) -> None:
+        self.outputs: list[str] = []
+        self.snapshots: list[GraphSnapshot] = []
+
+    def __call__(self, snapshot: Any, query: Any, settings: Any, providers: Any = None) -> RecallResult:
+        result = retrieve(snapshot, query, settings, providers)
+        self.outputs.append(json_dumps(result))
+        self.snapshots.append(snapshot)
+        return result
+
+
+def _request(k: int, *, persist: bool, probe: bool = False) -> RecallRequest:
+    scene = bench._Scene(N_NODES)
+    text = bench.QUERIES[k % len(bench.QUERIES)] + (" (probe)" if probe else "")
+    q = bench._query(scene, k, text)
+    return RecallRequest(
+        chat_id=bench.CHAT,
+        messages=[ChatMessage(floor=0, role="user", text=text)],
+        query_text=text,
+        active_region=q.active_region,
+        active_owner_keys=list(q.active_owner_keys or []),
+        now_ms=bench.NOW_MS + k,
+        persist=persist,
+    )
+
+
+def _response_json(resp: RecallResponse) -> str:
+    """The response without what differs between two runs of one recall (timings, cache-hit notes)."""
+    data = resp.model_dump(mode="json")
+    data["timings"] = {}
+    for trace in data.get("traces", []):
+        trace["elapsed_ms"] = 0.0
+        if isinstance(trace.get("notes"), dict):
+            trace["notes"] = {k: v for k, v in trace["notes"].items() if "cache" not in k.lower()}
+    return json.dumps(data, sort_keys=True, ensure_ascii=False)
+
+
+def _entries(snap: GraphSnapshot) -> dict[Hashable, Any]:
+    with _graph_cache._LOCK:
+        return dict(_graph_cache._CACHE.get(snap, {}))
+
+
+def _no_build() -> Bm25Index:
+    raise AssertionError("the BM25 index was expected to be cached")
+
+
+def _controller(store: Store, cache: SnapshotCache, recorder: Recorder) -> RecallController:
+    embedder = bench._PassThroughEmbedder(LOCAL_MODEL_ID, {})
+    return RecallController(store, SETTINGS, embedder=embedder, snapshot_cache=cache, pipeline=recorder)
+
+
+def test_recalls_on_carried_state_equal_recalls_on_fresh_state(store: Store, store_path: Path) -> None:
+    cache, recorder = SnapshotCache(), Recorder()
+    controller = _controller(store, cache, recorder)
+    bm25 = cache_for(store)
+    first_build: int | None = None
+    index: Bm25Index | None = None
+    for k in range(RECALLS):
+        version = store.chat_version(bench.CHAT)
+        resp = controller.run_recall(_request(k, persist=True))
+        assert resp.status == "completed" and resp.notes["reinforced"] > 0
+        assert store.chat_version(bench.CHAT) == version + 1 == resp.graph_version
+        used = recorder.snapshots[-1]
+        carried = cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=bench.NOW_MS + k)
+        assert carried is not used and carried.version == version + 1
+        first_build = used.built_at_ms if first_build is None else first_build
+        assert carried.built_at_ms == first_build  # carried over every write, never rebuilt
+
+        # Exactly the allow-listed entries the recall's snapshot held moved to the carried one, values shared.
+        before, after = _entries(used), _entries(carried)
+        allowed = {key for key in before if _graph_cache._allowed(key, REINFORCEMENT_SAFE_KEYS)}
+        assert set(after) == allowed
+        assert all(after[key] is before[key] for key in allowed)
+        names = {key[0] if isinstance(key, tuple) else key for key in allowed}
+        assert {"scoring-arrays", "lexical-fields", "anchors", "diffusion-adjacency", "context"} <= names
+        assert {("result-kept",), ("result-core-order",), ("owners", "snapshot")} <= set(before) - set(after)
+
+        # The chat's BM25 index: built by the first recall, then carried over each reinforcement write.
+        current = bm25.get(bench.CHAT, version + 1, _no_build)
+        index = current if index is None else index
+        assert bm25.builds == 1 and current is index
+
+        # The same recall (persist off: the store stays at this version) on the carried state and on a fresh
+        # store handle (its own BM25 cache), a fresh snapshot cache and so fresh per-snapshot caches.
+        probe = _request(k, persist=False, probe=True)
+        carried_resp = controller.run_recall(probe)
+        assert recorder.snapshots[-1] is carried and carried_resp.source == "fresh"
+        carried_out = recorder.outputs[-1]
+        with Store(store_path) as fresh_store:
+            fresh_recorder = Recorder()
+            fresh_resp = _controller(fresh_store, SnapshotCache(), fresh_recorder).run_recall(probe)
+            fresh_snap = fresh_recorder.snapshots[-1]
+            assert fresh_snap is not carried and fresh_snap.built_at_ms == bench.NOW_MS + k
+            assert cache_for(fresh_store).builds == 1
+        assert fresh_recorder.outputs[-1] == carried_out
+        assert _response_json(fresh_resp) == _response_json(carried_resp)
+        assert store.chat_version(bench.CHAT) == version + 1
+
+
+def test_bm25_index_and_caches_rebuilt_after_a_graph_write(store: Store) -> None:
+    cache, recorder = SnapshotCache(), Recorder()
+    controller = _controller(store, cache, recorder)
+    bm25 = cache_for(store)
+    controller.run_recall(_request(0, persist=True))
+    controller.run_recall(_request(1, persist=True))
+    index = bm25.get(bench.CHAT, store.chat_version(bench.CHAT), _no_build)
+    arrays = _entries(recorder.snapshots[-1])[("scoring-arrays",)]
+    assert bm25.builds == 1 and recorder.snapshots[1].built_at_ms == recorder.snapshots[0].built_at_ms
+    # A graph write (new node text) is not a reinforcement: the next recall rebuilds index, snapshot and caches.
+    store.upsert_nodes(bench.CHAT, [Node(id="zz-new", type="event", fields={"title": "lantern vigil"}, seq=1)])
+    graph_version = store.chat_version(bench.CHAT)
+    controller.run_recall(_request(2, persist=True))
+    assert bm25.builds == 2
+    rebuilt = recorder.snapshots[-1]
+    assert rebuilt.version == graph_version and "zz-new" in rebuilt.index
+    assert rebuilt.built_at_ms == bench.NOW_MS + 2  # built by this recall (the earlier ones at NOW_MS + 0)
+    assert _entries(rebuilt)[("scoring-arrays",)] is not arrays
+    # ... and that recall's own reinforcement write carried the new index on.
+    assert bm25.get(bench.CHAT, graph_version + 1, _no_build) is not index
+    assert store.bm25(bench.CHAT, ["lantern", "vigil"], 5)[0][0] == "zz-new" and bm25.builds == 2
