@@ -23,7 +23,10 @@ Each size runs in a fresh subprocess (so peak RSS is per size) and:
    packed lexical fields, anchor index, adjacency, ...) and the chat's BM25 index are warm;
 4. times ``--first`` recalls (default 5) each on a freshly built snapshot with the store's BM25 index dropped:
    the first recall after a graph change, which builds all of those (snapshot build itself excluded, it is
-   ``snapshot_build_ms``).
+   ``snapshot_build_ms``);
+5. times ``--service`` recalls (default 20, after two warm-up ones) through the recall controller on a copy of
+   the store, as the service runs them: a new user turn each time, records persisted and access reinforcement
+   written after every recall (which gives the chat a new version).
 
 BLAS is limited to one thread inside the benchmark (threadpoolctl) so the two shared cores are not
 oversubscribed. The JSON written to ``--out`` is a list with one object per size (see :func:`bench_size`).
@@ -389,7 +392,8 @@ def write_graph(n: int, path: Path, *, chunk: int = 5000) -> dict[str, Any]:
 
 
 def bench_size(
-    n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "", store_dir: str = "", first: int = 5
+    n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "", store_dir: str = "", first: int = 5,
+    service: int = 20,
 ) -> dict[str, Any]:
     """Benchmark one graph size in this process; returns its JSON object.
 
@@ -403,8 +407,11 @@ def bench_size(
     (process CPU time of one recall: less sensitive to other load on shared cores) (p50, p95),
     ``stages`` (name → p50, p95 of the stage traces; ``result`` is the result builder), ``snapshot_build_ms``,
     ``snapshot_read_ms`` (the store read part), ``snapshot_build_cpu_ms`` (process CPU time of the build),
-    ``ingest_nodes_per_s``, ``peak_rss_mb``, ``first_recall_ms`` (p50, p95 of the first recall on a fresh
-    snapshot without a BM25 index, query embedding excluded) with ``first_recall_stages``,
+    ``ingest_nodes_per_s``, ``peak_rss_mb`` (after the recalls on one snapshot, before the first recalls below),
+    ``peak_rss_after_first_mb`` (after them: a snapshot rebuilt five times; before the controller recalls, which
+    open a second store), ``first_recall_ms`` (p50, p95 of the first recall on a fresh
+    snapshot without a BM25 index, query embedding excluded) with ``first_recall_stages``, ``service_recall_ms``
+    (p50, p95 of a controller recall with persistence and reinforcement, query embedding excluded),
     ``embedding_matrix_mb``, ``rss_target_mb`` and ``query_embedding`` (``local`` or ``random``).
     """
     from memory_recall.settings import RecallSettings
@@ -434,7 +441,11 @@ def bench_size(
         out["ingest_nodes_per_s"] = written["ingest_nodes_per_s"]
         with Store(path) as store, _blas_one_thread():
             _bench_store(store, out, plan, settings, repeat=repeat, profile=profile, first=first)
-    out["peak_rss_mb"] = round(_peak_rss_mb(), 1)
+        out["peak_rss_after_first_mb"] = round(_peak_rss_mb(), 1)
+        if service > 0:
+            gc.collect()
+            with _blas_one_thread():
+                _bench_service(path, out, plan, settings, service)
     return out
 
 
@@ -472,10 +483,12 @@ def _bench_store(
     lexical = partial(store.bm25, CHAT)
 
     def once(k: int, text: str, embedder: Any, on: Any = None) -> tuple[float, dict[str, float]]:
+        target = on if on is not None else snap
+        assert target is not None
         cpu = time.process_time()
         start = time.perf_counter()
-        run = run_pipeline(on if on is not None else snap, _query(plan, k, text), settings,
-                           Providers(embedder=embedder, lexical_index=lexical))
+        run = run_pipeline(target, _query(plan, k, text), settings, Providers(embedder=embedder,
+                                                                             lexical_index=lexical))
         t0 = time.perf_counter()
         build_result(run.state, run.settings, timings=run.timings)
         end = time.perf_counter()
@@ -528,6 +541,9 @@ def _bench_store(
     # recall pays every lazily derived structure (a new message or graph write starts the same way).
     firsts: list[float] = []
     first_stages: dict[str, list[float]] = {}
+    out["peak_rss_mb"] = round(_peak_rss_mb(), 1)  # the issue's figure: store, one snapshot, its recalls
+    snap = None  # one snapshot alive at a time, as in the service (its derived caches die with it)
+    gc.collect()
     for j in range(first):
         fresh = build_snapshot(store.snapshot_source(CHAT, LOCAL_MODEL_ID), now_ms=NOW_MS)
         cache_for(store).clear()
@@ -546,6 +562,51 @@ def _bench_store(
     out["rss_target_mb"] = round(2.5 * matrix_mb + 200, 1)
 
 
+def _bench_service(path: Path, out: dict[str, Any], plan: _Scene, settings: Any, count: int) -> None:
+    """``service_recall_ms``: recalls through :class:`~memory_recall.controller.RecallController` on a copy of
+    the store (records and reinforcement are written), one new user turn each, two warm-up turns first."""
+    import sqlite3
+
+    from memory_recall.controller import RecallController, RecallRequest
+    from memory_recall.model.chat import ChatMessage
+    from memory_recall.providers.embedding import LOCAL_MODEL_ID
+    from memory_recall.store import Store
+
+    embedder = _PassThroughEmbedder(LOCAL_MODEL_ID, {})
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "service.sqlite3"
+        src, dst = sqlite3.connect(path), sqlite3.connect(copy)
+        try:
+            src.backup(dst)
+        finally:
+            src.close()
+            dst.close()
+        with Store(copy) as svc:
+            controller = RecallController(svc, settings, embedder=embedder)
+            times: list[float] = []
+            for turn in range(count + 2):
+                k = turn % len(QUERIES)
+                q = _query(plan, k, QUERIES[k])
+                floor = 2 * turn
+                messages = [
+                    ChatMessage(floor=floor, role="assistant", text="The lantern flickers as you wait."),
+                    ChatMessage(floor=floor + 1, role="user", text=QUERIES[k]),
+                ]
+                request = RecallRequest(
+                    chat_id=CHAT, messages=messages, query_text=QUERIES[k], target_user_floor=floor + 1,
+                    active_region=q.active_region, active_owner_keys=list(q.active_owner_keys or ()),
+                    now_ms=NOW_MS + turn,
+                )
+                start = time.perf_counter()
+                response = controller.run_recall(request)
+                elapsed = (time.perf_counter() - start) * 1000
+                if response.status != "completed":
+                    raise RuntimeError(f"service recall {turn} ended {response.status}: {response.reason_text}")
+                if turn >= 2:
+                    times.append(elapsed)
+    out["service_recall_ms"] = _pct(times)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------------------------------------------
@@ -554,17 +615,18 @@ def _bench_store(
 def _table(results: Sequence[dict[str, Any]]) -> str:
     lines = []
     head = (f"{'nodes':>7} {'p50 ms':>8} {'p95 ms':>8} {'cpu p95':>8} {'+emb p50':>9} {'+emb p95':>9} {'snap ms':>8} "
-            f"{'ingest/s':>9} {'RSS MB':>7} {'RSS max':>7} {'1st p50':>8} {'1st max':>8}")
+            f"{'ingest/s':>9} {'RSS MB':>7} {'RSS max':>7} {'1st p50':>8} {'1st max':>8} {'svc p50':>8} {'svc p95':>8}")
     lines.append(head)
     for r in results:
         emb = r.get("total_ms_with_embedding") or {"p50": float("nan"), "p95": float("nan")}
         first = r.get("first_recall_ms") or {"p50": float("nan"), "max": float("nan")}
+        svc = r.get("service_recall_ms") or {"p50": float("nan"), "p95": float("nan")}
         lines.append(
             f"{r['nodes']:>7} {r['total_ms']['p50']:>8.2f} {r['total_ms']['p95']:>8.2f} "
             f"{r.get('total_cpu_ms', {}).get('p95', float('nan')):>8.2f} {emb['p50']:>9.2f} "
             f"{emb['p95']:>9.2f} {r['snapshot_build_ms']:>8.0f} {r['ingest_nodes_per_s']:>9.0f} "
             f"{r['peak_rss_mb']:>7.0f} {r.get('rss_target_mb', 0):>7.0f} "
-            f"{first['p50']:>8.1f} {first['max']:>8.1f}"
+            f"{first['p50']:>8.1f} {first['max']:>8.1f} {svc['p50']:>8.1f} {svc['p95']:>8.1f}"
         )
     names = list(dict.fromkeys(name for r in results for name in r["stages"]))
     lines.append("")
@@ -595,6 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile", default="", help="write a pyinstrument text profile of the timed recalls")
     parser.add_argument("--store-dir", default="", help="keep the generated stores here and reuse them next time")
     parser.add_argument("--first", type=int, default=5, help="first recalls on a fresh snapshot per size")
+    parser.add_argument("--service", type=int, default=20, help="recalls through the controller per size")
     parser.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)  # worker mode: one size
     parser.add_argument("--write", type=int, default=0, help=argparse.SUPPRESS)  # writer mode: one graph
     parser.add_argument("--db", default="", help=argparse.SUPPRESS)
@@ -605,13 +668,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.one:
         json.dump(bench_size(args.one, repeat=args.repeat, profile=args.profile, store_dir=args.store_dir,
-                             first=args.first), sys.stdout)
+                             first=args.first, service=args.service), sys.stdout)
         return 0
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     results = []
     for n in sizes:
         cmd = [sys.executable, "-m", "memory_recall.bench", "--one", str(n), "--repeat", str(args.repeat),
-               "--first", str(args.first)]
+               "--first", str(args.first), "--service", str(args.service)]
         if args.profile:
             cmd += ["--profile", f"{args.profile}.{n}.txt"]
         if args.store_dir:

@@ -22,7 +22,7 @@ def _check_pct(value: object) -> None:
 
 def test_bench_main_writes_one_object_per_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
-    assert bench.main(["--sizes", "300", "--repeat", "1", "--first", "2", "--out", str(out)]) == 0
+    assert bench.main(["--sizes", "300", "--repeat", "1", "--first", "2", "--service", "3", "--out", str(out)]) == 0
     results = json.loads(out.read_text(encoding="utf-8"))
     assert isinstance(results, list) and len(results) == 1
     r = results[0]
@@ -33,7 +33,9 @@ def test_bench_main_writes_one_object_per_size(tmp_path: Path, capsys: pytest.Ca
     assert set(r["stages"]) == PIPELINE_STAGES
     for stage in r["stages"].values():
         assert 0.0 <= stage["p50"] <= stage["p95"]
-    assert r["snapshot_build_ms"] > 0 and r["ingest_nodes_per_s"] > 0 and r["peak_rss_mb"] > 0
+    assert r["snapshot_build_ms"] > 0 and r["ingest_nodes_per_s"] > 0
+    assert 0 < r["peak_rss_mb"] <= r["peak_rss_after_first_mb"]
+    _check_pct(r["service_recall_ms"])
     assert r["edges"] > 300  # average degree 5-10
     table = capsys.readouterr().out
     assert table.splitlines()[1].split()[0] == "300"
