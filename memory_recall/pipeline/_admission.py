@@ -34,10 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from memory_recall.pipeline._graph_cache import active_mask, hidden_mask
+from memory_recall.pipeline._graph_cache import active_mask, carry_weak_entry, hidden_mask
 from memory_recall.pipeline.scoring import knowledge_gate, resolve_owner_rows, scope_buckets, temporal_director
 from memory_recall.pipeline.state import ContextInfo, RecallState
 from memory_recall.settings import ContextSettings, ScoringSettings
+from memory_recall.store.snapshot import SnapshotCache
 
 __all__ = ["admissible", "ids_to_index", "rows_of", "suppressed_mask_for", "with_owners"]
 
@@ -104,6 +105,18 @@ def _verdicts(snapshot: Any, key: Hashable) -> np.ndarray:
         else:
             scenes.move_to_end(key)
         return arr
+
+
+def _carry_verdicts(old: Any, new: Any) -> None:
+    """Access-reinforcement carry hook (:meth:`SnapshotCache.register_reinforcement_carry`): the carried snapshot
+    keeps the old one's verdict arrays (shared; a new LRU container). A zero-evidence verdict reads the scope
+    bucket (owner type/key/name codes, POV flags, primary region and region tokens), the knowledge gate (the owners'
+    knowledge rows, POV flags, zero scores) and the temporal director (story-time segment orders and tense): none
+    of ``importance``, ``access_count`` or ``last_access_time``, the only things reinforcement changes."""
+    carry_weak_entry(_VERDICTS, _VERDICTS_LOCK, old, new, OrderedDict)
+
+
+SnapshotCache.register_reinforcement_carry(_carry_verdicts)
 
 
 def _suppressed_all(state: RecallState) -> np.ndarray:

@@ -18,6 +18,10 @@ object that differs only in ``importance``, ``version`` and the reinforced nodes
 ``importance``, ``last_access_time``). The entries that depend on none of these are handed to the new snapshot
 (:func:`carry_over` with :data:`REINFORCEMENT_SAFE_KEYS`, registered as the snapshot cache's carry hook when this
 module is imported) instead of being rebuilt. The list is an explicit allow-list: an entry not on it is rebuilt.
+An entry that mixes both kinds of parts is carried only through a function its module registers
+(:func:`register_reinforcement_derive`), which returns a new value sharing only the independent parts; the
+pipeline's other per-snapshot tables (weak dicts of their own modules) are carried by hooks of those modules
+(:func:`carry_weak_entry`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import itertools
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -41,19 +45,23 @@ if TYPE_CHECKING:
 __all__ = [
     "COOCCURRENCE_EXCLUDED_TYPES",
     "MAX_ENTRIES_PER_SNAPSHOT",
+    "REINFORCEMENT_DERIVED",
     "REINFORCEMENT_SAFE_KEYS",
     "active_mask",
     "cached",
     "carry_over",
+    "carry_weak_entry",
     "cooccurrence_eligible",
     "has_anchor_term_mask",
     "hidden_mask",
     "lookup",
     "mask_digest",
+    "register_reinforcement_derive",
     "unique_in_order",
 ]
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 #: Derived values kept per snapshot (base adjacency + a few masked variants + co-occurrence index).
 MAX_ENTRIES_PER_SNAPSHOT = 16
@@ -94,9 +102,10 @@ def cached(snapshot: GraphSnapshot, key: Hashable, build: Callable[[], T]) -> tu
 #: depend on nothing access reinforcement changes (``importance``, ``access_count``, ``last_access_time``), so a
 #: snapshot carried over a reinforcement-only write keeps them. Each reason names what the build reads. Left out
 #: on purpose (they read what reinforcement changes): ``("cooccurrence-index", …)`` and ``("cooccurrence-columns",
-#: …)`` (built from ``snapshot.importance``), ``("owners", "snapshot")`` (walk lists ordered by recency then
-#: importance), ``("result-kept",)`` (node dumps hold ``access_count`` …), ``("result-core-order",)`` (ordered by
-#: importance).
+#: …)`` (each batch keeps its nodes ranked by recency, then importance), ``("result-core-order",)`` (ordered by
+#: importance); carried only in part (:data:`REINFORCEMENT_DERIVED`): ``("owners", "snapshot")`` (its "pov" and
+#: "entity" walk lists are ordered by recency then importance), ``("result-kept",)`` (node dumps hold
+#: ``access_count``, ``importance`` and ``last_access_time``).
 REINFORCEMENT_SAFE_KEYS: tuple[tuple[str, ...] | str, ...] = (
     # scoring: region tokens, scope owner keys/names, primary regions, timeline segment orders, tense and story
     # labels, knowledge gate codes and visibility; lazily, node labels (name/title/summary text) and per-segment
@@ -134,35 +143,77 @@ def _allowed(key: Hashable, allowed: tuple[tuple[str, ...] | str, ...]) -> bool:
     return False
 
 
+#: Cache keys whose value mixes parts that depend on access reinforcement with parts that do not: key →
+#: ``derive(value)``, a new value for the carried snapshot that shares only the independent parts (``None``: nothing
+#: to carry). Registered by the module that builds the entry (:func:`register_reinforcement_derive`): ``("owners",
+#: "snapshot")`` (owners.py) and ``("result-kept",)`` (result.py).
+REINFORCEMENT_DERIVED: dict[Hashable, Callable[[Any], Any]] = {}
+
+
+def register_reinforcement_derive(key: Hashable, derive: Callable[[Any], Any]) -> None:
+    """Carry the entry ``key`` (exact key) over access reinforcement as ``derive(value)`` (see
+    :data:`REINFORCEMENT_DERIVED`). ``derive`` runs under the cache lock: it must not call :func:`cached`."""
+    REINFORCEMENT_DERIVED[key] = derive
+
+
 def carry_over(
-    old: GraphSnapshot, new: GraphSnapshot, keys: tuple[tuple[str, ...] | str, ...] = REINFORCEMENT_SAFE_KEYS
+    old: GraphSnapshot,
+    new: GraphSnapshot,
+    keys: tuple[tuple[str, ...] | str, ...] = REINFORCEMENT_SAFE_KEYS,
+    derived: Mapping[Hashable, Callable[[Any], Any]] | None = None,
 ) -> list[Hashable]:
-    """Share with ``new`` the entries of ``old`` whose key matches ``keys`` (see :data:`REINFORCEMENT_SAFE_KEYS`);
-    returns the keys carried (least recently used first).
+    """Share with ``new`` the entries of ``old`` whose key matches ``keys`` (see :data:`REINFORCEMENT_SAFE_KEYS`)
+    and, for a key of ``derived``, ``derived[key](value)`` (unless it is ``None``); returns the keys carried (least
+    recently used first).
 
     The caller guarantees that those entries, built on ``old``, equal what ``new`` would build: values are shared,
     not copied (they are immutable or only filled lazily with values that are equal on both). Entries ``new``
     already holds are kept. ``new`` ends with at most :data:`MAX_ENTRIES_PER_SNAPSHOT` entries.
     """
+    derived = derived or {}
     with _LOCK:
         source = _CACHE.get(old)
         if not source:
             return []
-        carried = [(k, v) for k, v in source.items() if _allowed(k, keys)]
+        target: dict[Hashable, Any] = _CACHE.get(new) or {}
+        carried: list[tuple[Hashable, Any]] = []
+        for k, v in source.items():
+            if k in target:
+                continue
+            if _allowed(k, keys):
+                carried.append((k, v))
+            elif k in derived:
+                part = derived[k](v)
+                if part is not None:
+                    carried.append((k, part))
         if not carried:
             return []
-        target: dict[Hashable, Any] = _CACHE.get(new) or {}
         # The new snapshot's own entries win and count as more recently used than the carried ones.
-        merged: OrderedDict[Hashable, Any] = OrderedDict((k, v) for k, v in carried if k not in target)
+        merged: OrderedDict[Hashable, Any] = OrderedDict(carried)
         merged.update(target)
         while len(merged) > MAX_ENTRIES_PER_SNAPSHOT:
             merged.popitem(last=False)
         _CACHE[new] = merged
-        return [k for k, _ in carried if k in merged and k not in target]
+        return [k for k, _ in carried if k in merged]
+
+
+def carry_weak_entry(
+    table: weakref.WeakKeyDictionary[Any, V], lock: threading.Lock, old: GraphSnapshot, new: GraphSnapshot,
+    share: Callable[[V], V],
+) -> bool:
+    """``table[new] = share(table[old])`` under ``lock`` when ``old`` has an entry and ``new`` none: the carry of
+    a module's own per-snapshot weak table (``share`` returns a new container holding the same values, so the two
+    snapshots' bounds and evictions stay apart). Returns whether it carried."""
+    with lock:
+        value = table.get(old)
+        if value is None or new in table:
+            return False
+        table[new] = share(value)
+        return True
 
 
 def _carry_reinforced(old: GraphSnapshot, new: GraphSnapshot) -> None:
-    carry_over(old, new)
+    carry_over(old, new, derived=REINFORCEMENT_DERIVED)
 
 
 SnapshotCache.register_reinforcement_carry(_carry_reinforced)

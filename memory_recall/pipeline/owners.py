@@ -96,7 +96,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.pipeline._admission import admissible, rows_of
-from memory_recall.pipeline._graph_cache import cached
+from memory_recall.pipeline._graph_cache import cached, carry_weak_entry, register_reinforcement_derive
 from memory_recall.pipeline.scoring import scope_buckets, temporal_director
 from memory_recall.pipeline.state import (
     ContextInfo,
@@ -105,7 +105,7 @@ from memory_recall.pipeline.state import (
     TimedStage,
 )
 from memory_recall.settings import ContextSettings, OwnerSettings, ScoringSettings, SelectionSettings
-from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, SnapshotCache
 from memory_recall.text.mentions import fold, term_occurs
 from memory_recall.text.normalize import js_len
 
@@ -238,7 +238,31 @@ class _SnapshotMemo:
                 self.scenes.move_to_end(key)
             return found
 
+    def reinforcement_carry(self) -> _SnapshotMemo:
+        """A memo for a copy of the snapshot that differs only by access reinforcement (``importance``,
+        ``access_count``, ``last_access_time``): it shares what reads none of them — the POV owners (scope owner
+        key/name, knowledge catalog, owner node ids), participant texts and story-time labels (node fields and
+        story time), types, archived flags, the events by ``seq``, the per-scene scope and story-time verdicts —
+        and keeps the "event" (edge order) and "near" (``seq``, node id) walk lists, not the "pov" and "entity"
+        ones (ordered by recency, then importance). O(walk lists)."""
+        out = object.__new__(_SnapshotMemo)
+        out.pov_owner = self.pov_owner
+        out.pov_base = self.pov_base
+        out.participant_text = self.participant_text
+        out.story_label = self.story_label
+        out.types = self.types
+        out.archived = self.archived
+        out.events = self.events
+        # A recall on the old snapshot may add walk lists meanwhile (without a lock): list() takes the items in
+        # one C-level step, where iterating the dict itself could see it change size.
+        out.walk = {k: v for k, v in list(self.walk.items()) if k[0] in _IMPORTANCE_FREE_WALKS}
+        with _SCENES_LOCK:
+            out.scenes = OrderedDict(self.scenes)
+        return out
 
+
+#: The walk list kinds (:func:`_walk_list`) whose order does not read ``importance``.
+_IMPORTANCE_FREE_WALKS = frozenset({"event", "near"})
 _SCENES_LOCK = threading.Lock()
 
 
@@ -343,6 +367,21 @@ def _participant_memo(snapshot: GraphSnapshot) -> dict[Hashable, Any]:
         if memo is None or len(memo) >= MAX_PARTICIPANT_MEMO:
             memo = _PARTICIPANTS[snapshot] = {}
         return memo
+
+
+def _carry_memo(value: Any) -> _SnapshotMemo | None:
+    return value.reinforcement_carry() if isinstance(value, _SnapshotMemo) else None
+
+
+def _carry_participants(old: GraphSnapshot, new: GraphSnapshot) -> None:
+    """Access-reinforcement carry hook: the carried snapshot keeps the old one's catalog aliases (knowledge
+    catalog) and row contributions (type and owner type codes, POV owners, participant text of the node fields),
+    shared in a new dict; the weighted score they are scaled by is applied per recall, outside the memo."""
+    carry_weak_entry(_PARTICIPANTS, _PARTICIPANTS_LOCK, old, new, dict)
+
+
+register_reinforcement_derive(("owners", "snapshot"), _carry_memo)
+SnapshotCache.register_reinforcement_carry(_carry_participants)
 
 
 #: What one scored row adds to an owner candidate: ``(owner key, owner name, base, cap, divisor, source,

@@ -59,7 +59,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from memory_recall.pipeline._admission import admissible, rows_of, with_owners
-from memory_recall.pipeline._graph_cache import cached
+from memory_recall.pipeline._graph_cache import cached, register_reinforcement_derive
 from memory_recall.pipeline.owners import owner_base_key, resolve_pov_owner, scene_context
 from memory_recall.pipeline.scoring import (
     TEMPORAL_PRIORITY,
@@ -345,6 +345,18 @@ class _Kept:
 
 def _kept(snap: GraphSnapshot) -> _Kept:
     return cached(snap, ("result-kept",), _Kept)[0]
+
+
+def _carry_kept(value: Any) -> _Kept | None:
+    """What a copy of the snapshot that differs only by access reinforcement keeps of its :class:`_Kept`: the
+    omitted-node models (node id and reason) and temporal priorities (story time), shared; not the node dumps
+    (they hold ``importance``, ``access_count`` and ``last_access_time``) nor the labels stored with them."""
+    if not isinstance(value, _Kept):
+        return None
+    return _Kept(omitted=value.omitted, priority=value.priority)
+
+
+register_reinforcement_derive(("result-kept",), _carry_kept)
 
 
 def _omitted(snap: GraphSnapshot, nodes: Iterable[int], reason: str) -> list[OmittedNode]:

@@ -81,7 +81,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.model.graph import PRIMARY_LEXICAL_FIELDS, SECONDARY_LEXICAL_FIELDS, Node
-from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask
+from memory_recall.pipeline._graph_cache import active_mask, cached, carry_weak_entry, hidden_mask
 from memory_recall.pipeline.kernels.lexical import PackedFieldTable, PreparedNode, prepare_node, prepare_sources
 from memory_recall.pipeline.kernels.scoring import hybrid_score
 from memory_recall.pipeline.state import (
@@ -95,7 +95,7 @@ from memory_recall.pipeline.state import (
     timed,
 )
 from memory_recall.settings import ContextSettings, LexicalSettings, ScoringSettings
-from memory_recall.store.snapshot import TENSE_CODE, GraphSnapshot
+from memory_recall.store.snapshot import TENSE_CODE, GraphSnapshot, SnapshotCache
 from memory_recall.text.normalize import normalize_query
 
 __all__ = [
@@ -603,6 +603,18 @@ def _scene_codes(
             per.clear()
         per[key] = scene
     return scene
+
+
+def _carry_scenes(old: GraphSnapshot, new: GraphSnapshot) -> None:
+    """Access-reinforcement carry hook (:meth:`SnapshotCache.register_reinforcement_carry`): the carried snapshot
+    keeps the old one's scene codes (shared, in a new dict). They are codes of the ``("scoring-arrays",)``
+    vocabulary (carried too, and built deterministically from the same strings), and the scope memo reads the POV
+    flags, owner types and the owner key/name, primary region and region token codes: none of ``importance``,
+    ``access_count`` or ``last_access_time``, the only things reinforcement changes."""
+    carry_weak_entry(_SCENES, _SCENES_LOCK, old, new, dict)
+
+
+SnapshotCache.register_reinforcement_carry(_carry_scenes)
 
 
 #: ``scope_buckets``' bucket per condition, then the default (index ``len(conditions)``).

@@ -10,14 +10,16 @@ from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from memory_recall import bench
 from memory_recall.controller import RecallController, RecallRequest, RecallResponse
 from memory_recall.model.chat import ChatMessage
 from memory_recall.model.graph import Node
-from memory_recall.pipeline import _graph_cache
-from memory_recall.pipeline._graph_cache import REINFORCEMENT_SAFE_KEYS
+from memory_recall.pipeline import _admission, _graph_cache, owners, result, scoring
+from memory_recall.pipeline._graph_cache import REINFORCEMENT_DERIVED, REINFORCEMENT_SAFE_KEYS
+from memory_recall.pipeline.cooccurrence import cooccurrence_index
 from memory_recall.pipeline.result import RecallResult, json_dumps
 from memory_recall.pipeline.retrieve import retrieve
 from memory_recall.providers.embedding import LOCAL_MODEL_ID
@@ -103,6 +105,63 @@ def _no_build() -> Bm25Index:
     raise AssertionError("the BM25 index was expected to be cached")
 
 
+def _assert_memo_carried(old: owners._SnapshotMemo, new: owners._SnapshotMemo) -> None:
+    """The owner stage's memo: a new object sharing every per-node table but the importance-ordered walk lists."""
+    assert new is not old
+    for name in ("pov_owner", "pov_base", "participant_text", "story_label", "types", "archived", "events"):
+        assert getattr(new, name) is getattr(old, name), name
+    assert old.pov_owner and old.participant_text and old.story_label and old.events is not None
+    kinds = {kind for kind, _ in old.walk}
+    assert {"event", "near", "pov"} <= kinds  # the recall walked all of these
+    assert new.walk == {k: v for k, v in old.walk.items() if k[0] in ("event", "near")}
+    assert all(new.walk[k] is old.walk[k] for k in new.walk)
+    assert new.scenes is not old.scenes and list(new.scenes) == list(old.scenes) and old.scenes
+    assert all(new.scenes[k] is old.scenes[k] for k in old.scenes)
+
+
+def _assert_kept_carried(old: result._Kept, new: result._Kept) -> None:
+    """The result builder's memo: omitted-node models and temporal priorities shared, node dumps not carried."""
+    assert new is not old and old.nodes and new.nodes == {}
+    assert new.omitted is old.omitted and new.priority is old.priority and old.priority
+
+
+def _assert_weak_tables_carried(old: GraphSnapshot, new: GraphSnapshot) -> None:
+    """The admission verdicts, scoring scene codes and owner participant memo: new containers, same values."""
+    tables = ((_admission._VERDICTS, _admission._VERDICTS_LOCK), (scoring._SCENES, scoring._SCENES_LOCK),
+              (owners._PARTICIPANTS, owners._PARTICIPANTS_LOCK))
+    for table, lock in tables:
+        with lock:
+            source, target = table[old], table[new]
+            assert source and target is not source and list(target) == list(source)
+            assert all(target[key] is source[key] for key in source)
+
+
+def _assert_entries_equal_fresh_builds(carried: GraphSnapshot, fresh: GraphSnapshot) -> None:
+    """Every value the carried snapshot's cache entries hold (carried or filled since) equals what the same builds
+    give on the fresh snapshot of the same version: a carried part that read reinforced data shows up here even
+    when it does not change this recall's output (the order of tied neighbours, core nodes or batch members)."""
+    entries = _entries(carried)
+    memo = entries[("owners", "snapshot")]
+    fresh_memo = owners._SnapshotMemo(fresh)
+    assert memo.walk and all(owners._walk_list(fresh, fresh_memo, *key) == v for key, v in memo.walk.items())
+    assert memo.pov_owner and all(owners._resolve_pov_owner(fresh, i) == v for i, v in memo.pov_owner.items())
+    assert all(owners._participant_text(fresh, i) == v for i, v in memo.participant_text.items())
+    assert memo.types == fresh.type_code.tolist() and memo.archived == fresh.archived.tolist()
+    kept = entries[("result-kept",)]
+    assert kept.nodes and all(result._node_entry(fresh, i) == v for i, v in kept.nodes.items())
+    assert all(m.node_id == fresh.ids[i] and m.reason == reason for (i, reason), m in kept.omitted.items())
+    for story, table in kept.priority.items():
+        judged = np.flatnonzero(table != result._UNKNOWN_PRIORITY)
+        assert np.array_equal(result._temporal_priority(fresh, story, judged), table[judged].astype(np.float64))
+    if ("result-core-order",) in entries:
+        order, synopsis = entries[("result-core-order",)]
+        fresh_order, fresh_synopsis = result._core_order(fresh)
+        assert np.array_equal(order, fresh_order) and np.array_equal(synopsis, fresh_synopsis)
+    for key, value in entries.items():
+        if isinstance(key, tuple) and key[0] == "cooccurrence-index":
+            assert (value.counts != cooccurrence_index(fresh, key[1])[0].counts).nnz == 0
+
+
 def _controller(store: Store, cache: SnapshotCache, recorder: Recorder) -> RecallController:
     embedder = bench._PassThroughEmbedder(LOCAL_MODEL_ID, {})
     return RecallController(store, SETTINGS, embedder=embedder, snapshot_cache=cache, pipeline=recorder)
@@ -125,14 +184,20 @@ def test_recalls_on_carried_state_equal_recalls_on_fresh_state(store: Store, sto
         first_build = used.built_at_ms if first_build is None else first_build
         assert carried.built_at_ms == first_build  # carried over every write, never rebuilt
 
-        # Exactly the allow-listed entries the recall's snapshot held moved to the carried one, values shared.
+        # Exactly the allow-listed entries the recall's snapshot held moved to the carried one, values shared; the
+        # entries with a derive function moved as new values sharing only their reinforcement-free parts.
         before, after = _entries(used), _entries(carried)
         allowed = {key for key in before if _graph_cache._allowed(key, REINFORCEMENT_SAFE_KEYS)}
-        assert set(after) == allowed
+        derived = {key for key in before if key in REINFORCEMENT_DERIVED}
+        assert set(after) == allowed | derived
         assert all(after[key] is before[key] for key in allowed)
         names = {key[0] if isinstance(key, tuple) else key for key in allowed}
         assert {"scoring-arrays", "lexical-fields", "anchors", "diffusion-adjacency", "context"} <= names
-        assert {("result-kept",), ("result-core-order",), ("owners", "snapshot")} <= set(before) - set(after)
+        assert derived == {("result-kept",), ("owners", "snapshot")}
+        assert ("result-core-order",) in set(before) - set(after)
+        _assert_memo_carried(before[("owners", "snapshot")], after[("owners", "snapshot")])
+        _assert_kept_carried(before[("result-kept",)], after[("result-kept",)])
+        _assert_weak_tables_carried(used, carried)
 
         # The chat's BM25 index: built by the first recall, then carried over each reinforcement write.
         current = bm25.get(bench.CHAT, version + 1, _no_build)
@@ -153,6 +218,7 @@ def test_recalls_on_carried_state_equal_recalls_on_fresh_state(store: Store, sto
             assert cache_for(fresh_store).builds == 1
         assert fresh_recorder.outputs[-1] == carried_out
         assert _response_json(fresh_resp) == _response_json(carried_resp)
+        _assert_entries_equal_fresh_builds(carried, fresh_snap)
         assert store.chat_version(bench.CHAT) == version + 1
 
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 import pytest
-from store_helpers import node
+from store_helpers import edge, node
 
-from memory_recall.pipeline import _graph_cache
-from memory_recall.pipeline._graph_cache import MAX_ENTRIES_PER_SNAPSHOT, REINFORCEMENT_SAFE_KEYS, cached, carry_over
+from memory_recall.model.graph import Node
+from memory_recall.pipeline import _admission, _graph_cache, owners, result, scoring
+from memory_recall.pipeline._graph_cache import (
+    MAX_ENTRIES_PER_SNAPSHOT,
+    REINFORCEMENT_DERIVED,
+    REINFORCEMENT_SAFE_KEYS,
+    cached,
+    carry_over,
+)
 from memory_recall.store import Store
 from memory_recall.store.snapshot import GraphSnapshot, SnapshotCache
 
@@ -27,12 +34,13 @@ KEYS: dict[Hashable, bool] = {
     ("diffusion-adjacency", 0.2, 0, 1.0): True,
     ("diffusion-adjacency-masked", 0.2, 0, 1.0, "12:abcd"): True,
     ("dedup-keys",): True,
-    # importance-dependent or holding node dumps: rebuilt
+    # importance-dependent: rebuilt
     ("cooccurrence-index", 10): False,
     ("cooccurrence-columns", 10, "12:abcd"): False,
+    ("result-core-order",): False,
+    # carried only in part by a derive function, which carries nothing of a value that is not its own type
     ("owners", "snapshot"): False,
     ("result-kept",): False,
-    ("result-core-order",): False,
     # look-alikes of allowed keys: a prefix matches whole key items only
     ("scoring-arrays-v2",): False,
     ("context", "owner-index-by-importance"): False,
@@ -135,3 +143,89 @@ def test_not_carried_when_the_snapshot_is_not_carried(chat: Store) -> None:
     assert not cache.apply_reinforcement(CHAT, "", ["a"], 0.1, new_version, base_version=base - 1, now_ms=NOW + 1)
     rebuilt = cache.get(chat, CHAT, "", now_ms=NOW + 1)
     assert rebuilt is not old and _entries(rebuilt) == {}
+
+
+def test_derived_keys_are_the_documented_ones() -> None:
+    assert set(REINFORCEMENT_DERIVED) == {("owners", "snapshot"), ("result-kept",)}
+
+
+def test_apply_reinforcement_carries_the_derived_entries_and_weak_tables(chat: Store) -> None:
+    cache = SnapshotCache()
+    old = cache.get(chat, CHAT, "", now_ms=NOW)
+    memo = owners._memo(old)
+    memo.walk[("event", 0)] = (1,)
+    memo.walk[("near", 0)] = ((1,), True)
+    memo.walk[("pov", 0)] = (1,)
+    memo.walk[("entity", 1)] = (0,)
+    memo.scene("scene")[0][0] = "objectiveGlobal"
+    kept = result._kept(old)
+    kept.nodes[0] = ({"id": "a", "access_count": 0}, "dragon lair")
+    kept.omitted[(1, "cap")] = result.OmittedNode(node_id="b", reason="cap")
+    verdicts = _admission._verdicts(old, "scene")
+    with scoring._SCENES_LOCK:
+        scoring._SCENES[old] = {"scene": "codes"}  # type: ignore[dict-item]
+    participants = owners._participant_memo(old)
+    participants["row"] = ("contribution",)
+
+    new = _reinforce(chat, cache, ["a"])
+    carried = _entries(new)
+    assert set(carried) == {("owners", "snapshot"), ("result-kept",)}
+    new_memo = carried[("owners", "snapshot")]
+    assert isinstance(new_memo, owners._SnapshotMemo) and new_memo is not memo
+    assert new_memo.walk == {("event", 0): (1,), ("near", 0): ((1,), True)}  # not the importance-ordered ones
+    assert new_memo.types is memo.types and new_memo.pov_owner is memo.pov_owner
+    assert new_memo.scenes is not memo.scenes and new_memo.scenes["scene"] is memo.scenes["scene"]
+    new_kept = carried[("result-kept",)]
+    assert isinstance(new_kept, result._Kept) and new_kept.nodes == {}  # node dumps hold access_count
+    assert new_kept.omitted is kept.omitted and new_kept.priority is kept.priority
+    with _admission._VERDICTS_LOCK:
+        assert _admission._VERDICTS[new] is not _admission._VERDICTS[old]
+        assert _admission._VERDICTS[new]["scene"] is verdicts
+    with scoring._SCENES_LOCK:
+        assert scoring._SCENES[new] == {"scene": "codes"} and scoring._SCENES[new] is not scoring._SCENES[old]
+    assert owners._participant_memo(new) == {"row": ("contribution",)}
+
+
+TIES = "ties"
+
+
+def test_carried_entries_equal_fresh_builds_when_reinforcement_reorders_ties(store: Store) -> None:
+    """Three events tied on recency, ordered by importance: reinforcing the least important one (step 5) moves it
+    first. What is carried must still equal a fresh build at the new version; what is ordered by importance (the
+    "pov"/"entity" walk lists, the core order) is rebuilt, and the rebuilt order differs from the old one."""
+    store.upsert_nodes(
+        TIES,
+        [
+            Node(id="hub", type="character", fields={"name": "Hub"}, seq=1),
+            *(Node(id=f"e{k}", type="event", fields={"title": f"event {k}"}, seq=5, importance=float(k))
+              for k in (1, 2, 3)),
+        ],
+    )
+    store.upsert_edges(TIES, [edge(f"x{k}", "hub", f"e{k}") for k in (1, 2, 3)])
+    cache = SnapshotCache()
+    old = cache.get(store, TIES, "", now_ms=NOW)
+    hub, e1 = old.index["hub"], old.index["e1"]
+    memo = owners._memo(old)
+    lists = {(kind, i): owners._walk_list(old, memo, kind, i) for kind, i in
+             (("pov", hub), ("entity", hub), ("event", e1), ("near", e1))}
+    old_core = result._core_order(old)[0].tolist()
+    assert [old.ids[i] for i in lists[("pov", hub)]] == ["e3", "e2", "e1"]
+
+    with store.write(TIES) as w:
+        base = w.chat_version(TIES)
+        w.reinforce(["e1"], NOW + 1, 5.0)
+        version = w.version
+    assert cache.apply_reinforcement(TIES, "", ["e1"], 5.0, version, base_version=base, now_ms=NOW + 1)
+    carried = cache.get(store, TIES, "", now_ms=NOW + 1)
+    fresh = SnapshotCache().get(store, TIES, "", now_ms=NOW + 1)
+    assert carried is not old and fresh.version == carried.version == version
+
+    carried_memo = owners._memo(carried)
+    fresh_memo = owners._SnapshotMemo(fresh)
+    assert set(carried_memo.walk) == {("event", e1), ("near", e1)}
+    for key in lists:
+        assert owners._walk_list(carried, carried_memo, *key) == owners._walk_list(fresh, fresh_memo, *key)
+    assert [carried.ids[i] for i in owners._walk_list(carried, carried_memo, "pov", hub)] == ["e1", "e3", "e2"]
+    assert owners._walk_list(carried, carried_memo, "entity", hub) != lists[("entity", hub)]
+    core = result._core_order(carried)[0].tolist()
+    assert core == result._core_order(fresh)[0].tolist() != old_core
