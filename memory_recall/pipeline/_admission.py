@@ -66,14 +66,31 @@ def _listed_index(state: RecallState, ids: Iterable[Any] | None) -> list[int]:
 _MEMO = threading.local()
 
 
+def _held(obj: Any) -> Any:
+    """``obj`` as a memo key holds it: weakly when it can be (a memo must not keep a stale snapshot alive: the
+    thread that ran a recall would hold that snapshot until its next recall), else ``obj`` itself."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return obj
+
+
+def _same(held: Any, obj: Any) -> bool:
+    return (held() if type(held) is weakref.ReferenceType else held) is obj
+
+
 def _memo(slot: str, key: tuple[Any, ...], build: Any) -> Any:
     """One memoised value per ``slot`` and thread, reused while every object of ``key`` is the same object
-    (identity, not equality: the keys are immutable per-recall objects and are kept alive by the entry)."""
+    (identity, not equality: the keys are immutable per-recall objects). The entry holds the key objects weakly
+    where they allow it (:func:`_held`), so it never keeps a snapshot alive; a key object that died never
+    matches."""
     entry = getattr(_MEMO, slot, None)
-    if entry is not None and len(entry[0]) == len(key) and all(a is b for a, b in zip(entry[0], key, strict=True)):
+    if entry is not None and len(entry[0]) == len(key) and all(
+        _same(a, b) for a, b in zip(entry[0], key, strict=True)
+    ):
         return entry[1]
     value = build()
-    setattr(_MEMO, slot, (key, value))
+    setattr(_MEMO, slot, (tuple(_held(k) for k in key), value))
     return value
 
 

@@ -408,3 +408,52 @@ class TestDeterminismAndJson:
         assert [t["name"] for t in r.traces] == list(STAGE_ORDER)
         assert all(t["score_direction"] in ("higher_is_better", "lower_is_better", "none") for t in r.traces)
         assert r.timings["total"] >= 0
+
+
+@pytest.mark.parametrize("mode", ["vector", "lexical_fallback", "llm"])
+def test_no_cache_keeps_a_snapshot_alive_after_its_recall(mode: str) -> None:
+    """Every per-snapshot cache and per-thread memo lets a snapshot go once the caller drops it: a service that
+    rebuilds a chat's snapshot after each graph write must not keep the old ones (a 100k-node snapshot is
+    hundreds of MB). The admission memo used to hold the last snapshot of each thread."""
+    import gc
+    import weakref
+
+    snap, query, settings, providers = contract_setup(mode)
+    for _ in range(2):
+        json_dumps(retrieve(snap, query, settings, providers))
+    ref = weakref.ref(snap)
+    del snap, providers
+    gc.collect()
+    assert ref() is None
+
+
+def test_no_cache_keeps_a_bench_snapshot_alive(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The same on a synthetic roleplay graph with four POV owners, regions and story time (the benchmark's
+    generator), where every stage and the result builder's admission run."""
+    import gc
+    import weakref
+    from functools import partial
+
+    from memory_recall import bench
+    from memory_recall.pipeline.result import build_result
+    from memory_recall.pipeline.retrieve import run_pipeline
+    from memory_recall.providers.embedding import LOCAL_MODEL_ID
+    from memory_recall.settings import RecallSettings
+    from memory_recall.store import Store
+    from memory_recall.store.snapshot import build_snapshot
+
+    path = tmp_path / "bench.sqlite3"
+    bench.write_graph(1000, path)
+    scene = bench._Scene(1000)
+    settings = RecallSettings(profile="app")
+    with Store(path) as store:
+        snap = build_snapshot(store.snapshot_source(bench.CHAT, LOCAL_MODEL_ID), now_ms=bench.NOW_MS)
+        providers = Providers(embedder=bench._PassThroughEmbedder(LOCAL_MODEL_ID, {}),
+                              lexical_index=partial(store.bm25, bench.CHAT))
+        for k, text in enumerate(bench.QUERIES[:3]):
+            run = run_pipeline(snap, bench._query(scene, k, text), settings, providers)
+            assert build_result(run.state, run.settings, timings=run.timings).selected_node_ids
+        ref = weakref.ref(snap)
+        del snap, run
+        gc.collect()
+        assert ref() is None
