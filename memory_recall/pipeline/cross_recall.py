@@ -322,8 +322,7 @@ class CrossRecallStage:
             index, mode = cand, "whole-active-set"
         else:
             k = (self.selection or SelectionSettings()).top_k * 3
-            recency = np.where(np.isnan(snap.seq_end), snap.seq.astype(np.float64), snap.seq_end)[cand]
-            order = np.lexsort((snap.id_rank[cand], -recency, -snap.importance[cand]))[:k]
+            order = np.lexsort((snap.id_rank[cand], -snap.recency(cand), -snap.importance[cand]))[:k]
             index, mode = cand[order], "importance-recency"
         zeros = np.zeros(index.size)
         candidates = Candidates(

@@ -860,9 +860,7 @@ def _neighbours(snap: GraphSnapshot, i: int) -> np.ndarray:
 
 def _by_recency(snap: GraphSnapshot, idx: np.ndarray) -> tuple[int, ...]:
     """``idx`` most recent first (recency = ``seqRange[1]``, else ``seq``), then importance, then node id."""
-    end = snap.seq_end[idx]
-    recency = np.where(np.isnan(end), snap.seq[idx].astype(np.float64), end)
-    return tuple(idx[np.lexsort((snap.id_rank[idx], -snap.importance[idx], -recency))].tolist())
+    return tuple(idx[np.lexsort((snap.id_rank[idx], -snap.importance[idx], -snap.recency(idx)))].tolist())
 
 
 def _walk_list(snap: GraphSnapshot, memo: _SnapshotMemo, kind: str, i: int) -> Any:

@@ -390,12 +390,6 @@ def _owners_ran(traces: Sequence[StageTrace]) -> bool:
     return any(t.name == "owners" and not t.skipped for t in traces)
 
 
-def _recency(snap: GraphSnapshot, idx: np.ndarray) -> np.ndarray:
-    """``seqRange[1]`` (``seq`` when the range is open) of each node of ``idx``."""
-    end = snap.seq_end[idx]
-    return np.where(np.isnan(end), snap.seq[idx].astype(np.float64), end)
-
-
 def _node_entry(snap: GraphSnapshot, i: int) -> tuple[dict[str, Any], str]:
     """``(node.model_dump(mode="json"), node_label(node))`` of node ``i``, from a per-snapshot cache: both depend
     only on the (immutable) snapshot. The dumps are shared by every result of the snapshot (read-only)."""
@@ -446,7 +440,7 @@ def _core_order(snap: GraphSnapshot) -> tuple[np.ndarray, np.ndarray]:
 
     def build() -> tuple[np.ndarray, np.ndarray]:
         idx = np.flatnonzero(snap.core_mask)
-        order = idx[np.lexsort((snap.id_rank[idx], -snap.importance[idx], -_recency(snap, idx)))]
+        order = idx[np.lexsort((snap.id_rank[idx], -snap.importance[idx], -snap.recency(idx)))]
         return order, snap.type_code[order] == TYPE_CODE["synopsis"]
 
     return cached(snap, ("result-core-order",), build)[0]
@@ -480,7 +474,7 @@ class _Builder:
     # -- ordering ---------------------------------------------------------------------------------------------
 
     def recency(self, idx: np.ndarray) -> np.ndarray:
-        return _recency(self.snap, idx)
+        return self.snap.recency(idx)
 
     def temporal_priority(self, idx: np.ndarray) -> np.ndarray:
         """§3.20 temporal-bucket priority (cue mode ``none``) of each node of ``idx``: :func:`_temporal_priority`

@@ -189,10 +189,6 @@ class NodeIndex:
         )
 
 
-def _split(text: str) -> tuple[str, ...]:
-    return tuple(filter(None, text.split(_SEP))) if text else ()  # without the empty terms
-
-
 #: Field order of :meth:`NodeIndex.to_json` (and of the dataclass).
 _INDEX_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(NodeIndex))
 #: Field order of :meth:`NodeIndex.strings_json`.
@@ -208,7 +204,8 @@ _INTERNED_FIELDS: tuple[str, ...] = (
 
 
 def _split_interned(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
-    """:func:`_split` of each text, equal texts sharing one tuple of interned terms."""
+    """Each text split on the term separator, without empty terms; equal texts share one tuple of interned
+    terms."""
     memo = {text: tuple(map(sys.intern, filter(None, text.split(_SEP)))) if text else () for text in set(texts)}
     return tuple(map(memo.__getitem__, texts))
 
@@ -823,6 +820,11 @@ class GraphSnapshot:
 
     def type_of(self, i: int) -> str:
         return NODE_TYPES[int(self.type_code[i])]
+
+    def recency(self, idx: np.ndarray) -> np.ndarray:
+        """Recency key of each node of ``idx`` (float64): ``seqRange[1]``, or ``seq`` when the range is open."""
+        end = self.seq_end[idx]
+        return np.where(np.isnan(end), self.seq[idx].astype(np.float64), end)
 
     def mask_types(self, types: Sequence[str] | frozenset[str]) -> np.ndarray:
         codes = [TYPE_CODE[t] for t in types if t in TYPE_CODE]
