@@ -124,7 +124,10 @@ __all__ = [
     "parse_message_date",
     "plan_deletions",
     "plan_messages",
+    "plan_sync",
+    "remove_message",
     "swipe_message",
+    "sync_messages",
 ]
 
 #: ``character —involved_in→ message`` (see the module docstring for why 0.6).
@@ -1013,6 +1016,140 @@ def delete_message(store: Any, chat_id: str, floor: int, *, now_ms: int) -> Inge
     if store.get_node(chat_id, message_id(floor)) is None:
         raise NotFound("floor", f"chat {chat_id!r} has no message at floor {floor}")
     return _apply(store, chat_id, lambda view: plan_deletions([floor], view, now_ms), {"floors": [floor]})
+
+
+def remove_message(store: Any, chat_id: str, floor: int, *, now_ms: int) -> IngestReport:
+    """The host removed the message at ``floor`` from the middle of the chat and every later message moved down
+    one floor (what SillyTavern does): the message and its edges are hard-deleted, and each message node after
+    it is renamed to the floor below — same node, text, statistics, edges (ends renamed) and vectors (moved,
+    not recomputed) — so nothing is re-ingested or re-embedded. Recall records move with their floors; the
+    removed floor's record is dropped. A character or entity left without an active edge is archived.
+
+    One transaction; cost O(messages after ``floor`` + their edges), never a pass over the chat. Characters'
+    and entities' ``seq_range`` keep their floors (they only ever grow, see "Character node"), and extracted
+    memory nodes keep theirs. Raises :class:`NotFound` when the chat has no message node at ``floor`` or
+    after it.
+    """
+    if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+        raise InputError("floor", f"must be a non-negative int; got {floor!r}")
+    with store.write(chat_id) as w:
+        later = w.message_floors_from(chat_id, floor)
+        if not later:
+            raise NotFound("floor", f"chat {chat_id!r} has no message at floor {floor} or after it")
+        old_ids = [nid for _, nid in later]
+        nodes = {n.id: n for n in w.get_nodes(chat_id, old_ids)}
+        rename = {nid: message_id(f - 1) for f, nid in later if f > floor}
+        removed = message_id(floor)
+        targets = set(rename.values())
+        # Ids nothing moves into: the removed message (when the next floor has no node) and the last one.
+        freed = [nid for nid in old_ids if nid not in targets and (nid in rename or nid == removed)]
+
+        edges: dict[str, Edge] = {}
+        for nid in old_ids:
+            for e in w.edges_of(chat_id, nid):
+                edges[e.id] = e
+        gone = [e for e in edges.values() if removed in (e.from_id, e.to_id)]
+        moved: list[Edge] = []
+        for e in edges.values():
+            if removed in (e.from_id, e.to_id):
+                continue
+            src, dst = rename.get(e.from_id, e.from_id), rename.get(e.to_id, e.to_id)
+            eid = edge_id(src, dst) if e.id == edge_id(e.from_id, e.to_id) else e.id
+            moved.append(e.model_copy(update={"id": eid, "from_id": src, "to_id": dst}))
+
+        # The chain: links into the renamed run follow the rename; the removed message is skipped.
+        chain = w.message_chain(chat_id)
+        before = [nid for seq, nid, _, _ in chain if seq < floor]
+        order = before + [rename[nid] for _, nid, _, _ in chain if nid in rename]
+        link = {nid: (order[i - 1] if i else None, order[i + 1] if i + 1 < len(order) else None)
+                for i, nid in enumerate(order)}
+        upserts: list[Node] = []
+        if before:
+            b = w.get_node(chat_id, before[-1])
+            if b is not None and (b.prev_id, b.next_id) != link[b.id]:
+                upserts.append(b.model_copy(update={"prev_id": link[b.id][0], "next_id": link[b.id][1],
+                                                    "updated_at": now_ms}))
+        for f, nid in later:
+            if nid not in rename or nid not in nodes:
+                continue
+            n = nodes[nid]
+            new_id = rename[nid]
+            prev_id, next_id = (None, None) if n.archived else link[new_id]
+            upserts.append(n.model_copy(update={
+                "id": new_id, "seq": f - 1, "seq_range": (f - 1, f - 1), "prev_id": prev_id, "next_id": next_id,
+                "updated_at": now_ms,
+            }))
+
+        # Characters/entities whose only active edges went with the removed message are archived.
+        orphans: list[Node] = []
+        for end in sorted({x for e in gone for x in (e.from_id, e.to_id) if x != removed}):
+            if not end.startswith(("char:", "ent:")):
+                continue
+            keep = w.lasting_edge(chat_id, end, [removed])
+            owner = w.get_node(chat_id, end)
+            if owner is not None and not owner.archived and (keep is None or not keep.active(now_ms)):
+                orphans.append(owner.model_copy(update={"archived": True, "updated_at": now_ms}))
+
+        # Order matters: edges go first (their ends change), renamed rows exist before vectors move onto them
+        # (in floor order, so none is overwritten before it moved), freed rows go before edges come back.
+        w.delete_edges(list(edges))
+        if upserts or orphans:
+            w.upsert_nodes(upserts + orphans)
+        w.move_embeddings([(old, rename[old]) for _, old in later if old in rename and old in nodes])
+        if freed:
+            w.delete_nodes(freed)
+        if moved:
+            w.upsert_edges(moved)
+        w.shift_records_down(floor)
+        new_version = w.version
+    plan = IngestPlan(
+        nodes=tuple(sorted(upserts + orphans, key=lambda n: n.id)),
+        edges=tuple(sorted(moved, key=lambda e: e.id)),
+        updated_nodes=tuple(sorted(n.id for n in upserts)),
+        retired_nodes=tuple(sorted(freed + [n.id for n in orphans])),
+        updated_edges=tuple(sorted(e.id for e in moved)),
+        retired_edges=tuple(sorted(e.id for e in gone)),
+    )
+    return IngestReport.of(chat_id, new_version, plan)
+
+
+def plan_sync(messages: Sequence[ChatMessage], existing: GraphView | None, now_ms: int) -> IngestPlan:
+    """The chat is exactly ``messages`` (floors ``0 … n-1``): ingest them, retire message nodes at later floors.
+
+    Pure, like :func:`plan_messages`; the caller checks the floors are contiguous (:func:`sync_messages`).
+    """
+    ordered = _check_floors(messages)
+    p = _Planner(existing, now_ms)
+    keep = [m for m in ordered if m.role != "system"]
+    drop = [m.floor for m in ordered if m.role == "system"]
+    end = len(ordered)
+    if existing is not None:
+        if existing.chain is not None:
+            drop.extend(seq for seq, _, _, _ in existing.chain if seq >= end)
+        else:
+            drop.extend(n.seq for n in existing.nodes.values()
+                        if n.type == "message" and not n.archived and n.seq >= end)
+    _plan_upserts(p, keep)
+    _plan_retirements(p, sorted(set(drop)))
+    _relink_chain(p)
+    _archive_orphans(p)
+    return p.plan(messages=len(keep), skipped=len(ordered) - len(keep))
+
+
+def sync_messages(store: Any, chat_id: str, messages: Sequence[ChatMessage], *, now_ms: int) -> IngestReport:
+    """Make the chat's messages exactly ``messages``, whose floors must be ``0 … n-1`` (a whole host chat):
+    changed floors are re-ingested, unchanged ones write nothing, message nodes past the end are retired. Re-
+    sending the same chat writes nothing and keeps the version. One transaction."""
+    batch = list(messages)
+    ordered = _check_floors(batch)
+    for i, m in enumerate(ordered):
+        if m.floor != i:
+            where = next(j for j, x in enumerate(batch) if x.floor == m.floor)
+            raise InputError(f"messages[{where}].floor",
+                             f"a whole chat holds floors 0 to {len(batch) - 1} once each; floor {i} is missing")
+    with store.read() as r:
+        tail = [seq for seq, _ in r.message_floors_from(chat_id, len(batch))]
+    return _apply(store, chat_id, lambda view: plan_sync(batch, view, now_ms), {"messages": batch, "floors": tail})
 
 
 def _unknown_speaker_entities(messages: Sequence[Any], speakers: set[str], nodes: Any) -> list[str]:

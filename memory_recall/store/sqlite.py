@@ -701,6 +701,18 @@ class StoreReader:
         ).fetchall()
         return rows
 
+    def message_floors_from(self, chat_id: str, floor: int) -> list[tuple[int, str]]:
+        """``(floor, node_id)`` of every ``message`` node (active or archived) at ``floor`` or later, by floor:
+        a message node's floor is the end of its ``seq_range`` (one indexed column, no node JSON read)."""
+        chat_id = validate_chat_id(chat_id)
+        start = _int_arg(floor, "floor", 0, sys.maxsize)
+        rows: list[tuple[int, str]] = self._conn.execute(
+            "SELECT seq_end, node_id FROM nodes WHERE chat_id = ? AND type = 'message' AND seq_end >= ? "
+            "ORDER BY seq_end, node_id",
+            (chat_id, start),
+        ).fetchall()
+        return rows
+
     def lasting_edge(self, chat_id: str, node_id: str, exclude_ends: Iterable[str] = ()) -> Edge | None:
         """Of the edges touching ``node_id`` whose other end is not in ``exclude_ends`` and that are not
         invalidated (``invalid_at`` unset), the one active longest: no ``expired_at`` first, then the latest
@@ -1408,6 +1420,28 @@ class StoreWriter(StoreReader):
         cur = conn.executemany(sql, params)
         return max(cur.rowcount, 0)
 
+    def move_embeddings(self, moves: Sequence[tuple[str, str]]) -> int:
+        """Move every model's vector of node ``old`` to node ``new`` for each ``(old, new)`` pair, in order.
+
+        A vector already stored under ``new`` is replaced; ``new`` must be a node of the chat. Pairs apply one
+        after the other, so a chain ``(b, a), (c, b)`` shifts vectors down without losing one. Returns the
+        number of vectors moved.
+        """
+        conn = self._check_open()
+        moved = 0
+        for i, (old, new) in enumerate(moves):
+            old = _str_arg(old, f"moves[{i}][0]")
+            new = _str_arg(new, f"moves[{i}][1]")
+            if old == new:
+                continue
+            if new not in self._existing_nodes([new]):
+                raise InputError(f"moves[{i}][1]", f"node {new!r} does not exist in chat {self.chat_id!r}")
+            conn.execute("DELETE FROM embeddings WHERE chat_id = ? AND node_id = ?", (self.chat_id, new))
+            moved += conn.execute(
+                "UPDATE embeddings SET node_id = ? WHERE chat_id = ? AND node_id = ?", (new, self.chat_id, old)
+            ).rowcount
+        return moved
+
     # -- chat state ----------------------------------------------------------------------------------------
 
     def _validated(self, value: Any, cls: type[T], field: str) -> T:
@@ -1491,6 +1525,26 @@ class StoreWriter(StoreReader):
         floor = _int_arg(user_floor, "user_floor", 0, sys.maxsize)
         sql = "DELETE FROM recall_records WHERE chat_id = ? AND user_floor >= ?"
         return conn.execute(sql, (self.chat_id, floor)).rowcount
+
+    def shift_records_down(self, user_floor: int) -> int:
+        """A message before the later floors was removed: delete the record of ``user_floor`` and move the
+        record of every floor after it down one floor (``user_floor`` in its JSON too). Returns the number of
+        records moved."""
+        conn = self._check_open()
+        floor = _int_arg(user_floor, "user_floor", 0, sys.maxsize)
+        conn.execute("DELETE FROM recall_records WHERE chat_id = ? AND user_floor = ?", (self.chat_id, floor))
+        rows = conn.execute(
+            "SELECT user_floor, json FROM recall_records WHERE chat_id = ? AND user_floor > ? ORDER BY user_floor",
+            (self.chat_id, floor),
+        ).fetchall()
+        for old, text in rows:
+            record = _load(PersistedRecall, text, f"recall record {old}")
+            moved = record.model_copy(update={"user_floor": old - 1})
+            conn.execute(
+                "UPDATE recall_records SET user_floor = ?, json = ? WHERE chat_id = ? AND user_floor = ?",
+                (old - 1, _dumps(moved, "record"), self.chat_id, old),
+            )
+        return len(rows)
 
     # -- whole graph ---------------------------------------------------------------------------------------
 
