@@ -32,7 +32,7 @@ import hashlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -105,10 +105,16 @@ def embed_missing(
     *,
     progress: Callable[[int, int], None] | None = None,
     batch_size: int = 64,
+    node_ids: Collection[str] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> EmbedReport:
     """Embed every active node of ``chat_id`` whose vector for ``embedder.model_id`` is missing or stale.
 
     ``progress(done, total)`` is called after each committed chunk (``total`` = nodes needing a vector).
+    ``node_ids`` restricts the work to those nodes (a write embeds what it touched, not the chat's backlog);
+    ``stop()`` is asked before each chunk and ends the run early when true (the report counts what was done).
+    A chunk's vectors are written only for nodes whose text is still the text embedded, so a run may overlap
+    other writes to the chat: a node edited or deleted meanwhile is skipped and picked up by the next run.
     Raises :class:`EmbeddingUnavailable` from the embedder (chunks committed before the failure stay) and
     ``dimension_mismatch`` when the vectors of one model id disagree in dimension.
     """
@@ -121,8 +127,11 @@ def embed_missing(
     else:
         todo, probe, up_to_date, archived = _todo_full(store, chat_id, model_id)
 
+    if node_ids is not None:
+        wanted_ids = set(node_ids)
+        todo = [item for item in todo if item[0] in wanted_ids]
     total = len(todo)
-    from_cache = embedded = calls = done = 0
+    from_cache = embedded = calls = done = skipped = 0
     dim = embedder.dim or None
     if todo and dim is None:
         # Vectors already stored for this model fix its dimension; every stored vector is also cached, so
@@ -131,6 +140,8 @@ def embed_missing(
             for vec in store.cache_get(model_id, [probe]).values():
                 dim = int(np.asarray(vec).shape[0])
     for offset in range(0, total, batch_size):
+        if stop is not None and stop():
+            break
         chunk = todo[offset : offset + batch_size]
         wanted = list(dict.fromkeys(digest for _, _, digest in chunk))
         vectors: dict[str, np.ndarray] = {
@@ -158,10 +169,18 @@ def embed_missing(
         if fresh:
             # Cache first: a crash before the node rows are written costs a cache hit on rerun, not a call.
             store.cache_put(model_id, fresh)
-        with store.write(chat_id) as writer:
-            writer.put_embeddings(
-                model_id, [(node_id, vectors[digest], digest) for node_id, _, digest in chunk]
-            )
+        rows: list[tuple[str, str, str]] = []
+        try:
+            with store.write(chat_id) as writer:
+                rows = _still_current(writer, chat_id, chunk)
+                if not rows:
+                    raise _NothingCurrent  # roll back: no version bump, no chat created anew
+                writer.put_embeddings(
+                    model_id, [(node_id, vectors[digest], digest) for node_id, _, digest in rows]
+                )
+        except _NothingCurrent:
+            rows = []
+        skipped += len(chunk) - len(rows)
         from_cache += sum(1 for _, _, digest in chunk if digest in hits)
         done += len(chunk)
         if progress is not None:
@@ -169,7 +188,7 @@ def embed_missing(
 
     return EmbedReport(
         model_id=model_id,
-        total=total,
+        total=done - skipped,
         from_cache=from_cache,
         embedded=embedded,
         calls=calls,
@@ -180,6 +199,24 @@ def embed_missing(
 
 
 _Todo = tuple[list[tuple[str, str, str]], str | None, int, int]
+
+
+class _NothingCurrent(Exception):
+    """Every node of a chunk changed or vanished while it was embedded: its write batch is rolled back."""
+
+
+def _still_current(writer: Any, chat_id: str, chunk: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The items of ``chunk`` whose node still exists, is active and has the embedded text (read inside the
+    write that stores the vectors, so nothing can change in between). A writer without reads keeps all."""
+    if not hasattr(writer, "get_nodes"):
+        return chunk
+    current = {n.id: n for n in writer.get_nodes(chat_id, [node_id for node_id, _, _ in chunk])}
+    kept = []
+    for item in chunk:
+        node = current.get(item[0])
+        if node is not None and not node.archived and text_hash(embedding_text(node)) == item[2]:
+            kept.append(item)
+    return kept
 
 
 def _todo_full(store: EmbeddingStore, chat_id: str, model_id: str) -> _Todo:

@@ -170,3 +170,73 @@ class TestDigestMemo:
             assert sorted(parsed) == ["n0", "n1", "n2", "n3", "n4"]
         finally:
             other.close()
+
+
+class _EditingEmbedder:
+    """The local embedder, but each ``embed_passages`` call first runs ``during`` (another writer's change that
+    lands while the chunk is being embedded)."""
+
+    def __init__(self, inner: LocalEmbedder, during: Any) -> None:
+        self.inner = inner
+        self.during = during
+        self.model_id = inner.model_id
+        self.dim = inner.dim
+
+    def embed_passages(self, texts: list[str]) -> np.ndarray:
+        self.during()
+        self.during = lambda: None
+        return self.inner.embed_passages(texts)
+
+
+class TestOverlappingWrites:
+    def test_a_node_edited_while_embedded_is_skipped_and_redone(self, store: Store,
+                                                                 local_embedder: LocalEmbedder) -> None:
+        edited = _nodes()[1].model_copy(update={"fields": {"summary": "Mara still owes."}})
+
+        def edit() -> None:
+            with store.write(CHAT) as w:
+                w.upsert_nodes([edited])
+
+        rep = embed_missing(store, CHAT, _EditingEmbedder(local_embedder, edit))
+        hashes = store.embedding_hashes(CHAT, local_embedder.model_id)
+        # n3 repeats n0's text; n1 changed under the run: not written with the old text's vector.
+        assert sorted(hashes) == ["n0", "n2", "n3", "n4"]
+        assert rep.total == 4
+        again = embed_missing(store, CHAT, local_embedder)
+        assert (again.total, again.embedded) == (1, 1)
+        assert store.embedding_hashes(CHAT, local_embedder.model_id)["n1"] == text_hash(embedding_text(edited))
+
+    def test_a_chunk_whose_nodes_all_vanished_writes_nothing(self, store: Store,
+                                                             local_embedder: LocalEmbedder) -> None:
+        version = store.chat_version(CHAT)
+
+        def delete() -> None:
+            with store.write(CHAT) as w:
+                w.delete_nodes(["n0", "n1"])
+
+        rep = embed_missing(store, CHAT, _EditingEmbedder(local_embedder, delete), batch_size=2)
+        assert rep.total == 3  # n2, n3, n4; the first chunk (n0, n1) rolled back
+        assert sorted(store.embedding_hashes(CHAT, local_embedder.model_id)) == ["n2", "n3", "n4"]
+        # One version for the deletion and one per written chunk (n2+n3, n4); none for the empty chunk.
+        assert store.chat_version(CHAT) == version + 3
+
+
+class TestSubsetAndStop:
+    def test_node_ids_limit_the_work(self, store: Store, local_embedder: LocalEmbedder) -> None:
+        rep = embed_missing(store, CHAT, local_embedder, node_ids=["n4", "n2", "missing"])
+        assert (rep.total, rep.embedded) == (2, 2)
+        assert sorted(store.embedding_hashes(CHAT, local_embedder.model_id)) == ["n2", "n4"]
+
+    def test_stop_ends_before_the_next_chunk(self, store: Store, local_embedder: LocalEmbedder) -> None:
+        asked: list[int] = []
+
+        def stop() -> bool:
+            asked.append(1)
+            return len(asked) > 2
+
+        seen: list[tuple[int, int]] = []
+        rep = embed_missing(store, CHAT, local_embedder, batch_size=2, stop=stop,
+                            progress=lambda done, total: seen.append((done, total)))
+        assert seen == [(2, 5), (4, 5)]
+        assert rep.total == 4
+        assert sorted(store.embedding_hashes(CHAT, local_embedder.model_id)) == ["n0", "n1", "n2", "n3"]
