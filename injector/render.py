@@ -299,7 +299,9 @@ def render_parts(
 def _suppressed(meta: Mapping[str, Any]) -> set[str]:
     out: set[str] = set()
     for where in (meta, meta.get("retrieval") or {}):
-        for key in ("gate_suppressed", "temporalSuppressedNodes"):
+        # currentTurnExcluded: the current-turn rule of the visibility stage (message nodes at floors ≥ the
+        # recall's user floor), final like the gate's verdict.
+        for key in ("gate_suppressed", "temporalSuppressedNodes", "currentTurnExcluded"):
             out.update(str(x) for x in where.get(key) or ())
     return out
 
@@ -316,8 +318,9 @@ def _candidate_names(meta: Mapping[str, Any]) -> dict[str, str]:
 def render(result: Any, settings: Any = None, schema: Sequence[NodeTypeSpec] = DEFAULT_SCHEMA) -> Injection:
     """Render a :class:`~memory_recall.pipeline.result.RecallResult` (``settings``: :class:`InjectorSettings` or a
     whole ``RecallSettings``). Only nodes in the result's lists are printed, never one in
-    ``meta["gate_suppressed"]`` / ``meta["retrieval"]["gate_suppressed"]`` (or temporally suppressed), so the
-    legacy layout cannot re-introduce a gated node (departure 2)."""
+    ``meta["gate_suppressed"]`` / ``meta["retrieval"]["gate_suppressed"]`` (or temporally suppressed, or in
+    ``currentTurnExcluded``: the turn being answered and later ones), so the legacy layout cannot re-introduce a
+    gated node (departure 2)."""
     nodes: Mapping[str, dict[str, Any]] = result.nodes
     suppressed = _suppressed(result.meta or {})
     gated: list[str] = []

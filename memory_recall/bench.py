@@ -588,7 +588,9 @@ def _bench_service(path: Path, out: dict[str, Any], plan: _Scene, settings: Any,
             for turn in range(count + 2):
                 k = turn % len(QUERIES)
                 q = _query(plan, k, QUERIES[k])
-                floor = 2 * turn
+                # Floors after the synthetic graph's (seq < n/2), as a host's next turns: a recall never returns
+                # message nodes at or after its own user floor, so floors inside the graph would hide most of them.
+                floor = plan.n // 2 + 2 * turn
                 messages = [
                     ChatMessage(floor=floor, role="assistant", text="The lantern flickers as you wait."),
                     ChatMessage(floor=floor + 1, role="user", text=QUERIES[k]),

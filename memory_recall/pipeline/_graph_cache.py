@@ -115,7 +115,7 @@ REINFORCEMENT_SAFE_KEYS: tuple[tuple[str, ...] | str, ...] = (
     ("lexical-fields",),
     # anchors: folded form of ``snapshot.anchor_index`` (anchor terms of the non-archived nodes).
     ("anchors", "folded-index"),
-    # visibility: archived flags, finite ranges and ``fields.visibility`` names.
+    # visibility: archived flags, finite ranges, ``fields.visibility`` names, type codes and seq of message nodes.
     ("visibility", "index"),
     # context: ``snapshot.region_primary`` only.
     ("context", "has-primary-region"),

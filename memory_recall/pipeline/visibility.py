@@ -2,18 +2,30 @@
 
 Reads
     ``snapshot.archived``, ``snapshot.seq_end`` (finite range), ``snapshot.visibility`` (node index → names of
-    its ``fields.visibility``), ``state.query.visibility_filter`` (a character name; the host's ``name2``).
+    its ``fields.visibility``), ``snapshot.type_code`` and ``snapshot.seq`` (message nodes and their floors),
+    ``state.query.visibility_filter`` (a character name; the host's ``name2``), ``state.query.user_floor``.
 Writes
-    * ``state.active``: (n,) bool — non-archived nodes with a finite ``seqRange[1]`` that pass the filter.
-    * ``state.meta["visibility_hidden_mask"]``: (n,) bool — non-archived nodes the filter removes, **whether
-      or not they have a finite range** (core nodes have none but must respect the filter too).
-    * meta ``visibilityHidden``: the hidden node ids in node-id byte order; ``activeNodeCount`` (reference
-      §3.21).
+    * ``state.active``: (n,) bool — non-archived nodes with a finite ``seqRange[1]`` that pass the filter and
+      the current-turn rule.
+    * ``state.meta["visibility_hidden_mask"]``: (n,) bool — non-archived nodes the filter or the current-turn
+      rule removes, **whether or not they have a finite range** (core nodes have none but must respect the
+      filter too).
+    * meta ``visibilityHidden``: the ids the filter hid, in node-id byte order; ``currentTurnExcluded``: the ids
+      the current-turn rule removed, in floor order (ties by node-id byte order), ``[]`` when none or when
+      ``user_floor`` is None; ``activeNodeCount`` (reference §3.21).
 Filter
     Applied when ``VisibilitySettings.enabled`` and the filter name is non-empty: a node without
     ``fields.visibility`` is kept; otherwise it is kept when its names (a list, or a comma-separated string,
     trimmed at snapshot build) contain the filter name or ``"*"`` (exact, case-sensitive, as in the
     reference).
+Current-turn rule (a departure: ``docs/reference-differences.md``, visibility stage)
+    In a recall for user floor ``N`` (``state.query.user_floor``), every non-archived ``message`` node whose
+    floor (``seq``) is ≥ ``N`` is removed: the turn being answered — its text *is* the query, so it would be
+    its own best match and be injected back as a "memory" — and anything after it (the assistant reply a swipe
+    replaces). Only raw chat turns (type ``message``) are concerned; extracted memories are not. ``user_floor``
+    None removes nothing. The rule does not depend on ``VisibilitySettings.enabled`` (it is not the legacy
+    filter) and its nodes join ``visibility_hidden_mask``, so every route that honours the filter's verdict
+    honours this one too. Trace notes: ``userFloor``, ``currentTurnExcludedCount``.
 Contract for later stages (recall-spec departure 2, fixing §7 item 2)
     The verdict is final. Every later stage that can touch a node outside the candidate list must exclude the
     hidden ones: diffusion, cross recall and residual seeds/results mask with ``state.active`` (or at least
@@ -28,7 +40,8 @@ Skip reasons
     the hidden mask and ``activeNodeCount`` 0 are still written so later stages see arrays of the right
     length.
 Cost
-    O(n) numpy work per recall; the name → nodes index of ``fields.visibility`` is built once per snapshot.
+    O(n) numpy work per recall; the name → nodes index of ``fields.visibility`` and the floor-sorted message
+    nodes are built once per snapshot, so the current-turn rule costs one binary search.
 """
 
 from __future__ import annotations
@@ -41,12 +54,14 @@ import numpy as np
 from memory_recall.pipeline._graph_cache import cached
 from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import VisibilitySettings
-from memory_recall.store.snapshot import GraphSnapshot
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot
 
-__all__ = ["HIDDEN_MASK_KEY", "VisibilityStage", "visibility_hidden"]
+__all__ = ["CURRENT_TURN_KEY", "HIDDEN_MASK_KEY", "VisibilityStage", "current_turn_excluded", "visibility_hidden"]
 
-#: Meta key of the (n,) bool mask of nodes the visibility filter removed.
+#: Meta key of the (n,) bool mask of nodes the visibility filter or the current-turn rule removed.
 HIDDEN_MASK_KEY = "visibility_hidden_mask"
+#: Meta key of the ids the current-turn rule removed (floor order).
+CURRENT_TURN_KEY = "currentTurnExcluded"
 
 _WILDCARD = "*"
 
@@ -59,6 +74,8 @@ class _VisibilityIndex:
     eligible: np.ndarray  # (n,) bool: non-archived with a finite range (read-only)
     restricted: np.ndarray  # (n,) bool
     allowed: dict[str, np.ndarray]  # name → node indices listing it
+    message_index: np.ndarray  # non-archived message nodes by floor, ties by node-id byte order (read-only)
+    message_floor: np.ndarray  # their floors (``seq``), ascending (read-only)
 
 
 def _visibility_index(snapshot: GraphSnapshot) -> _VisibilityIndex:
@@ -71,7 +88,12 @@ def _visibility_index(snapshot: GraphSnapshot) -> _VisibilityIndex:
             restricted[i] = True
             for name in names:
                 lists.setdefault(name, []).append(i)
-        return _VisibilityIndex(eligible, restricted, {k: np.array(v, dtype=np.int64) for k, v in lists.items()})
+        messages = np.flatnonzero((snapshot.type_code == TYPE_CODE["message"]) & ~snapshot.archived)
+        order = np.lexsort((snapshot.id_rank[messages], snapshot.seq[messages]))
+        message_index, message_floor = messages[order], snapshot.seq[messages][order].astype(np.int64)
+        message_index.flags.writeable = message_floor.flags.writeable = False
+        allowed = {k: np.array(v, dtype=np.int64) for k, v in lists.items()}
+        return _VisibilityIndex(eligible, restricted, allowed, message_index, message_floor)
 
     value, _ = cached(snapshot, ("visibility", "index"), build)
     return value
@@ -99,6 +121,20 @@ def visibility_hidden(snapshot: GraphSnapshot, name: str) -> np.ndarray:
     return np.zeros(snapshot.n, dtype=bool) if hidden is None else hidden
 
 
+def _current_turn(index: _VisibilityIndex, user_floor: int | None) -> np.ndarray:
+    """Indices of the message nodes the current-turn rule removes (floor order); read-only, may be shared."""
+    if user_floor is None:
+        return index.message_index[:0]
+    start = int(np.searchsorted(index.message_floor, int(user_floor), side="left"))
+    return index.message_index[start:]
+
+
+def current_turn_excluded(snapshot: GraphSnapshot, user_floor: int | None) -> list[str]:
+    """Ids of the non-archived ``message`` nodes at floors ≥ ``user_floor``, in floor order (ties by node-id
+    byte order): what a recall for that user floor never returns (see the module docstring). ``[]`` for None."""
+    return [snapshot.ids[i] for i in _current_turn(_visibility_index(snapshot), user_floor).tolist()]
+
+
 class VisibilityStage(TimedStage):
     """Compute the active node set of one recall (see the module docstring)."""
 
@@ -115,24 +151,31 @@ class VisibilityStage(TimedStage):
         if hidden is None:
             # No filter: nothing hidden (the mask is still written for later stages).
             hidden = np.zeros(snap.n, dtype=bool)
-            active = index.eligible.copy()
             hidden_ids: list[str] = []
         else:
-            active = index.eligible & ~hidden
             hidden_idx = np.flatnonzero(hidden)
             hidden_ids = [snap.ids[i] for i in hidden_idx[np.argsort(snap.id_rank[hidden_idx])].tolist()]
+        user_floor = state.query.user_floor
+        current = _current_turn(index, user_floor)
+        if current.size:
+            # One mask for both verdicts: every later stage already honours it (departure 2).
+            hidden[current] = True
+        active = index.eligible & ~hidden
         count = int(np.count_nonzero(active))
         meta = state.with_meta(
             activeNodeCount=count,
             visibilityHidden=hidden_ids,
-            **{HIDDEN_MASK_KEY: hidden},
+            **{CURRENT_TURN_KEY: [snap.ids[i] for i in current.tolist()], HIDDEN_MASK_KEY: hidden},
         )
         fields: dict[str, Any] = {
             "score_kind": "none",
             "score_direction": "none",
             "count_in": snap.n,
             "count_out": count,
-            "notes": {"filter": name, "filterApplied": bool(name), "hiddenCount": len(hidden_ids)},
+            "notes": {
+                "filter": name, "filterApplied": bool(name), "hiddenCount": len(hidden_ids),
+                "userFloor": user_floor, "currentTurnExcludedCount": int(current.size),
+            },
         }
         new_state = state.evolve(active=active, meta=meta)
         if count == 0:

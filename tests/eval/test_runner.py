@@ -19,6 +19,7 @@ import pytest
 
 from memory_recall.eval.runner import main, pipeline_recall, run_locomo
 from memory_recall.pipeline.state import Providers, RecallQuery
+from memory_recall.pipeline.visibility import current_turn_excluded
 from memory_recall.settings import RecallSettings
 from memory_recall.store.snapshot import GraphSnapshot
 
@@ -91,6 +92,7 @@ class ReverseFloorRecall:
     def __init__(self) -> None:
         self.queries: list[RecallQuery] = []
         self.ablations: list[frozenset[str]] = []
+        self.excluded: list[list[str]] = []  # message nodes the current-turn rule would hide from the recall
 
     def __call__(
         self, snapshot: GraphSnapshot, query: RecallQuery, settings: RecallSettings, providers: Providers,
@@ -98,6 +100,7 @@ class ReverseFloorRecall:
     ) -> list[str]:
         self.queries.append(query)
         self.ablations.append(ablate)
+        self.excluded.append(current_turn_excluded(snapshot, query.user_floor))
         messages = sorted((i for i in snapshot.ids if i.startswith("msg:")), key=lambda i: -int(i[4:]))
         return ["char:alice", *messages]
 
@@ -176,6 +179,8 @@ class TestShapeAndValues:
             "[user]: The pottery class meets at the studio.", "[assistant]: Sounds fun, enjoy it!",
         )
         assert (q.user_floor, q.chat_id) == (8, "tiny")
+        # Asked after the whole conversation (floors 0–7): the current-turn rule hides no evidence turn.
+        assert recall.excluded == [[] for _ in recall.queries]
         assert q.now_ms == 1684576800000  # 20 May 2023 10:00 UTC, the last session's date
 
     def test_no_context(self, tiny: Path, tmp_path: Path) -> None:
