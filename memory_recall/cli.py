@@ -314,6 +314,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.data_dir,
         args.token or settings.service.token or None,
         settings,
+        log_level=args.log_level,
     )
     return 0
 
@@ -376,6 +377,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="bind address (default 127.0.0.1; other addresses need a token)")
     p.add_argument("--port", type=int, help="port (default 8765)")
     p.add_argument("--token", help="bearer token clients must send (default $MEMORY_RECALL_SERVICE__TOKEN)")
+    p.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug", "trace"),
+        help="log level of uvicorn and memory-recall (default info; query and message text only at debug)",
+    )
 
     for name, fn, help_ in (
         ("recall", cmd_recall, "recall memories for an input text and print them (and the injection block)"),

@@ -395,6 +395,8 @@ class ServiceSettings(BaseModel):
     port: int = Field(default=8765, ge=0, le=65535)
     token: str = Field(default="", max_length=4096)
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    #: Body limit of a whole-chat sync (``POST /v1/chats/{chat_id}/sync``): a long chat in one request.
+    max_sync_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
     cors_origins: tuple[str, ...] = ("http://127.0.0.1:8000", "http://localhost:8000")
     #: Seconds the shutdown waits for in-flight writes and embedding before closing the store.
     shutdown_timeout_s: float = Field(default=30.0, gt=0, le=3600)

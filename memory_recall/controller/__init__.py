@@ -5,12 +5,13 @@ Python API and the HTTP service.
 """
 
 from memory_recall.controller.controller import ChatEventReport, RecallController, RecordStatus, run_recall
-from memory_recall.controller.gates import REASON_TEXT, Reason, RecallResponse
+from memory_recall.controller.gates import REASON_TEXT, REASON_TEXT_EN, Reason, RecallResponse, reason_text
 from memory_recall.controller.inputs import RecallRequest, ResolvedInput, parse_request, resolve_input
 from memory_recall.controller.replay import ReuseDecision, is_stale, reuse_decision
 
 __all__ = [
     "REASON_TEXT",
+    "REASON_TEXT_EN",
     "ChatEventReport",
     "Reason",
     "RecallController",
@@ -21,6 +22,7 @@ __all__ = [
     "ReuseDecision",
     "is_stale",
     "parse_request",
+    "reason_text",
     "resolve_input",
     "reuse_decision",
     "run_recall",

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from memory_recall.controller.gates import (
@@ -54,6 +55,7 @@ from memory_recall.ingest.messages import (
     edit_message,
     ingest_messages,
     message_id,
+    remove_message,
     swipe_message,
 )
 from memory_recall.model.chat import ChatMessage, GenerationType
@@ -189,7 +191,7 @@ class RecallController:
         return RecallResponse(
             status="completed",
             reason=Reason.REUSED,
-            reason_text=reason_text(Reason.REUSED),
+            reason_text=reason_text(Reason.REUSED, req.locale),
             source="persisted",
             input_source="persisted-user-floor",
             input_reason="persisted-user-floor-reuse",
@@ -298,7 +300,7 @@ class RecallController:
         return RecallResponse(
             status="completed",
             reason=Reason.COMPLETED,
-            reason_text=reason_text(Reason.COMPLETED),
+            reason_text=reason_text(Reason.COMPLETED, req.locale),
             # Reference resolveFinalRecallInjectionSource: an empty fresh block injects nothing. Departure: the
             # floor's older record is not substituted (reuse already declined it: edited floor, re-recall …).
             source="fresh" if text else "none",
@@ -310,6 +312,7 @@ class RecallController:
             selected=[m.model_dump(mode="json") for m in result.selected],
             retrieval_status=result.retrieval_status,
             semantic_search_used=result.semantic_search_used,
+            vectors_missing=_vectors_missing(snapshot) if model_id else 0,
             failure_category=result.failure_category,
             llm_status=result.llm_status,
             graph_version=version,
@@ -475,6 +478,16 @@ class RecallController:
         deleted = self.delete_record(chat_id, floor)
         return ChatEventReport(chat_id, floor, report, deleted)
 
+    def on_message_removed(self, chat_id: str, floor: int, *, now_ms: int | None = None) -> ChatEventReport:
+        """A message was removed from the middle of the chat and later messages moved down a floor (what
+        SillyTavern does on a deletion): :func:`~memory_recall.ingest.messages.remove_message` moves their nodes,
+        vectors and records with them; the removed floor's record is dropped."""
+        now = now_ms if now_ms is not None else self.clock()
+        validate_chat_id(chat_id)
+        had_record = self.store.get_record(chat_id, floor) is not None
+        report = remove_message(self.store, chat_id, floor, now_ms=now)
+        return ChatEventReport(chat_id, floor, report, had_record)
+
     def on_message_swiped(self, chat_id: str, message: ChatMessage, *, now_ms: int | None = None) -> ChatEventReport:
         """``MESSAGE_SWIPED`` (a new assistant alternative): re-ingest it; records are kept (reference §2.1)."""
         now = now_ms if now_ms is not None else self.clock()
@@ -485,6 +498,11 @@ class RecallController:
                 raise InputError("message.role", f"a swipe replaces an assistant message; got {message.role!r}")
             report = ingest_messages(self.store, chat_id, [message], now_ms=now)
         return ChatEventReport(chat_id, message.floor, report, False)
+
+
+def _vectors_missing(snapshot: Any) -> int:
+    """Active nodes of the snapshot without a vector."""
+    return int(np.count_nonzero(~snapshot.has_vector & ~snapshot.archived))
 
 
 def run_recall(

@@ -3,7 +3,7 @@
 Gates run in this order; the first that fires ends the run with its status and stable reason code:
 
 ====  ===============================================  =========  ==========================================
-#     condition                                        status     reason code (``reason_text``)
+#     condition                                        status     reason code (Chinese ``reason_text``)
 ====  ===============================================  =========  ==========================================
 1     ``controller.enabled`` is false                  skipped    ``recall-disabled`` (召回功能未启用)
 2     ``dry_run`` (prompt preview)                     skipped    ``dry-run``
@@ -19,6 +19,9 @@ Gates run in this order; the first that fires ends the run with its status and s
 —     a provider failed in strict mode                 aborted    ``strict-mode-violation``
 —     a stage failed in a way that cannot degrade      failed     ``stage-failed``
 ====  ===============================================  =========  ==========================================
+
+``reason_text`` is English unless the request's ``locale`` is Chinese (``zh``, ``zh-CN`` …), which gives the
+reference's message shown above where it has one (:func:`reason_text`; English texts: :data:`REASON_TEXT_EN`).
 
 Reference gates that do not exist in a backend: restore lock (0), a running recall (1: requests are independent
 and each recall reads one snapshot), no graph (2: an unknown chat is an empty graph and recalls nothing), graph
@@ -39,11 +42,14 @@ from memory_recall.text.normalize import is_trivial_input
 
 __all__ = [
     "REASON_TEXT",
+    "REASON_TEXT_EN",
     "Reason",
     "RecallResponse",
     "RecallStatus",
     "check_input_gates",
     "check_request_gates",
+    "is_chinese",
+    "reason_text",
 ]
 
 RecallStatus = Literal["completed", "skipped", "aborted", "failed"]
@@ -66,6 +72,7 @@ class Reason:
     STAGE_FAILED = "stage-failed"
 
 
+#: The reference's Chinese messages (conformance text, reference §2.2), for the codes it has one for.
 REASON_TEXT: dict[str, str] = {
     Reason.DISABLED: "召回功能未启用",
     Reason.EMPTY_CHAT: "当前聊天为空",
@@ -75,10 +82,44 @@ REASON_TEXT: dict[str, str] = {
     Reason.COMPLETED: "召回完成",
 }
 
+#: English text of every reason code (the default language of ``reason_text``).
+REASON_TEXT_EN: dict[str, str] = {
+    Reason.DISABLED: "Recall is disabled",
+    Reason.DRY_RUN: "Dry run: no recall",
+    Reason.GENERATION_TYPE_SKIPPED: "No recall for this generation type",
+    Reason.EMPTY_CHAT: "The chat is empty",
+    Reason.NO_USER_FLOOR: "No user floor is available for a history generation",
+    Reason.NO_USER_INPUT: "No user input is available for recall",
+    Reason.TRIVIAL_INPUT: "The input is too trivial to recall for",
+    Reason.REUSED: "Reused the persisted recall",
+    Reason.COMPLETED: "Recall completed",
+    Reason.STRICT: "A provider failed in strict mode",
+    Reason.STAGE_FAILED: "A pipeline stage failed",
+}
 
-def reason_text(code: str) -> str:
-    """The human text of a reason code (the reference's Chinese message where it has one, else the code)."""
-    return REASON_TEXT.get(code.split(":", 1)[0], code)
+
+def is_chinese(locale: str | None) -> bool:
+    """Whether ``locale`` (a BCP-47-like tag, or ``None``) asks for Chinese: its primary subtag is ``zh``."""
+    return locale is not None and locale.split("-", 1)[0].lower() == "zh"
+
+
+def reason_text(code: str, locale: str | None = None) -> str:
+    """The human text of a reason code (``"<code>"`` or ``"<code>:<detail>"``) in ``locale``.
+
+    ``zh…`` locales get the reference's Chinese message (:data:`REASON_TEXT`); codes it has none for, and every
+    other locale or ``None``, get :data:`REASON_TEXT_EN`. A detail is appended in parentheses to a text without
+    a Chinese message (``"No recall for this generation type (quiet)"``); an unknown code is returned as is.
+
+    >>> reason_text("recall-completed"), reason_text("recall-completed", "zh-CN")
+    ('Recall completed', '召回完成')
+    """
+    base, sep, detail = code.partition(":")
+    if is_chinese(locale) and base in REASON_TEXT:
+        return REASON_TEXT[base]
+    text = REASON_TEXT_EN.get(base)
+    if text is None:
+        return code
+    return f"{text} ({detail})" if sep else text
 
 
 class RecallResponse(BaseModel):
@@ -113,6 +154,9 @@ class RecallResponse(BaseModel):
     selected: list[dict[str, Any]] = Field(default_factory=list)
     retrieval_status: str = ""
     semantic_search_used: bool = False
+    #: Active nodes of the chat still without a vector of the embedding model (a sync or a model switch is
+    #: embedding them in the background): recall found those by lexical and graph evidence only.
+    vectors_missing: int = 0
     failure_category: str = ""
     llm_status: str = ""
     graph_version: int = 0
@@ -132,7 +176,7 @@ def _outcome(request: RecallRequest, status: RecallStatus, code: str, **extra: A
     return RecallResponse(
         status=status,
         reason=code,
-        reason_text=reason_text(code),
+        reason_text=reason_text(code, request.locale),
         chat_id=request.chat_id,
         generation_type=request.generation_type,
         target_user_floor=request.target_user_floor,

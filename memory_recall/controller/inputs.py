@@ -66,6 +66,10 @@ ACTIVE_SOURCES = frozenset(
 )
 _MAX_MESSAGES = 1000
 _HOST_NAME_MAX = 200
+# BCP-47's shape (RFC 5646 §2.1, loosely): a 2–8 letter primary subtag, then hyphen-separated 1–8 letter/digit
+# subtags; 35 characters is the length RFC 5646 §4.4.1 asks implementations to keep at least.
+_LOCALE_MAX = 35
+_LOCALE = re.compile(r"[A-Za-z]{2,8}(?:-[A-Za-z0-9]{1,8})*", re.ASCII)
 # Reference §2.2: user text loses these blocks before it becomes a context line.
 _PLOT_BLOCKS = re.compile(r"<(plot|note|plot-log|state)\b[^>]*>[\s\S]*?</\1\s*>", re.IGNORECASE)
 
@@ -109,6 +113,17 @@ class RecallRequest(BaseModel):
     now_ms: StrictInt | None = Field(default=None, ge=0, le=253_402_300_799_999)
     #: Strict mode: a provider failure aborts the recall instead of degrading (``None``: the settings decide).
     strict: StrictBool | None = None
+    #: Language of the response's ``reason_text``: a BCP-47-like tag (``en``, ``en-US``, ``zh-CN``; at most 35
+    #: characters). A ``zh`` primary subtag gives the reference's Chinese messages, anything else or ``None``
+    #: English (:func:`memory_recall.controller.gates.reason_text`). Nothing else depends on it.
+    locale: StrictStr | None = Field(
+        default=None,
+        max_length=_LOCALE_MAX,
+        description="Language of reason_text (BCP-47 tag): zh… gives the reference's Chinese texts, else English.",
+        examples=["en", "en-US", "zh-CN"],
+        # Shown to clients; checked by _locale (with a message naming the expected form).
+        json_schema_extra={"pattern": f"^{_LOCALE.pattern}$"},
+    )
 
     @field_validator("chat_id")
     @classmethod
@@ -128,6 +143,13 @@ class RecallRequest(BaseModel):
     @classmethod
     def _no_nul(cls, value: str) -> str:
         return reject_nul(value)
+
+    @field_validator("locale")
+    @classmethod
+    def _locale(cls, value: str | None) -> str | None:
+        if value is not None and not _LOCALE.fullmatch(value):
+            raise ValueError(f"must be a language tag such as 'en', 'en-US' or 'zh-CN', got {value!r}")
+        return value
 
     @field_validator("active_owner_keys")
     @classmethod

@@ -5,7 +5,8 @@ Usage::
     app = create_app(load_settings(), store=Store.open(data_dir))      # an ASGI app (tests, embedding)
     serve("127.0.0.1", 8765, data_dir=None, token=None, settings=load_settings())   # blocks until stopped
 
-Routes (``/v1``; OpenAPI at ``/openapi.json``, docs at ``/docs``)
+Routes (``/v1``; OpenAPI at ``/openapi.json``, docs at ``/docs`` and ``/redoc``, served offline by
+:mod:`memory_recall.service.docs`)
 ------------------------------------------------------------------
 ===========================================================  ==========================================
 ``POST   /v1/recall``                                        the recall hook (compute, or replay on
@@ -15,6 +16,7 @@ Routes (``/v1``; OpenAPI at ``/openapi.json``, docs at ``/docs``)
 ``DELETE /v1/chats/{chat_id}/records/{floor}``               drop it
 ``POST   /v1/chats/{chat_id}/records/{floor}/rerecall``      forced fresh recall of that floor
 ``POST   /v1/chats/{chat_id}/events``                        message_added/edited/swiped/deleted
+``POST   /v1/chats/{chat_id}/sync``, ``GET`` the same        whole-chat sync (202 + job), its progress
 ``POST   /v1/chats/{chat_id}/nodes``, ``.../edges``          batch upsert
 ``DELETE /v1/chats/{chat_id}/nodes``, ``.../edges``          batch delete (``{"ids": [...]}``)
 ``POST   /v1/chats/{chat_id}/import``                        replace the graph with an ST-BME export
@@ -41,13 +43,19 @@ Contract
   number of clients: 1.8 GB at 32 clients on a 10k-node chat, 0.55 GB with the bound). Writes to one chat
   (events, node/edge batches, import, record edits, chat deletion) are serialised by a per-chat
   ``asyncio.Lock`` (the store's own lock serialises the SQLite writer across chats).
-* **Embedding after writes** is inline: a write that adds or changes nodes embeds the chat's missing vectors
-  (``embed_missing``, which only embeds what is new or changed) before the response, still under the chat's
-  lock, so the next recall sees every vector. An embedding failure does not fail the write: the response says
-  ``embedding.status="failed"`` with the category and the next write (or recall's lexical fallback) catches up.
+* **Embedding after writes.** A chat event or node batch embeds the nodes it wrote before the response, still
+  under the chat's lock, so the next recall sees their vectors; it never embeds the chat's backlog. A whole-chat
+  sync answers at once and embeds in the background (:mod:`memory_recall.service.background`: one worker,
+  small chunks, no chat lock held), as does the re-embedding of every chat at startup when the model changed.
+  An embedding failure does not fail the write: the response says ``embedding.status="failed"`` with the
+  category and the background worker retries; recall meanwhile uses lexical evidence for the nodes without a
+  vector and counts them in ``vectors_missing``.
 * **Shutdown.** The lifespan handler waits (``service.shutdown_timeout_s``) for in-flight writes, then closes
   the store if the app opened it (a store passed to :func:`create_app` belongs to the caller).
-* **Logs** never contain query or message text unless the ``memory_recall.service`` logger is at DEBUG.
+* **Logs** never contain query or message text unless the ``memory_recall.service`` logger is at DEBUG. Under
+  :func:`serve` every ``memory_recall.*`` logger writes to stderr through uvicorn's default handler and
+  formatter at the server's log level (:func:`log_config`): one ``INFO:     recall chat=… -> status/reason …``
+  line per recall.
 """
 
 from __future__ import annotations
@@ -57,7 +65,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _pkg_version
@@ -82,8 +90,12 @@ from memory_recall.errors import (
     StoreError,
 )
 from memory_recall.ingest import export_stbme, import_stbme_report, ingest_messages
+from memory_recall.ingest.messages import sync_messages
+from memory_recall.model.chat import ChatMessage
 from memory_recall.providers import Embedder, embed_missing
 from memory_recall.service.auth import BodyLimit, TokenAuth, check_bind
+from memory_recall.service.background import EmbeddingWorker, SyncJobs
+from memory_recall.service.docs import install_docs
 from memory_recall.service.schemas import (
     ChatEvent,
     ChatList,
@@ -103,6 +115,8 @@ from memory_recall.service.schemas import (
     NodeBatch,
     RecordEdit,
     RerecallBody,
+    SyncRequest,
+    SyncStatus,
     VersionBody,
     WriteResult,
 )
@@ -110,9 +124,12 @@ from memory_recall.settings import RecallSettings
 from memory_recall.store import Store, validate_chat_id
 from memory_recall.store.snapshot import SnapshotCache
 
-__all__ = ["API_VERSION", "create_app", "serve"]
+__all__ = ["API_VERSION", "create_app", "log_config", "serve"]
 
 API_VERSION = "v1"
+#: Nodes per chunk of background embedding: a chunk is what a write or a query embedding may wait behind
+#: (about 1.2 s of the local engine at 8 chat turns on two cores).
+BACKGROUND_EMBED_BATCH = 8
 #: Recalls (and re-recalls) running at once; the others wait for a slot on the event loop (see Concurrency).
 RECALL_SLOTS = max(2, min(8, os.cpu_count() or 2))
 try:
@@ -254,6 +271,10 @@ class _Service:
         self._inflight = 0
         self._idle: asyncio.Event | None = None
         self._recall_slots: asyncio.Semaphore | None = None
+        self.jobs = SyncJobs()
+        self.tasks: set[asyncio.Task[None]] = set()  # running sync jobs (kept referenced until done)
+        #: Created on the running loop (lifespan): background embedding of syncs, failed writes and startup.
+        self.worker: EmbeddingWorker | None = None
 
     @property
     def store(self) -> Store:
@@ -298,8 +319,17 @@ class _Service:
         async with self._recall_slots:
             return await anyio.to_thread.run_sync(fn)
 
-    async def write(self, chat_id: str, fn: Callable[[], T], *, embed: bool = True) -> tuple[T, EmbeddingOutcome]:
-        """Run the write ``fn`` under the chat's lock, then embed what it added (see the module docstring)."""
+    async def write(
+        self,
+        chat_id: str,
+        fn: Callable[[], T],
+        *,
+        embed: bool = True,
+        touched: Callable[[T], Collection[str] | None] | None = None,
+    ) -> tuple[T, EmbeddingOutcome]:
+        """Run the write ``fn`` under the chat's lock, then embed what it added (see the module docstring):
+        the nodes ``touched(result)`` names, or every node lacking a vector when it is ``None`` or gives
+        ``None``."""
         lock = self._locks.setdefault(chat_id, asyncio.Lock())
         self._lock_users[chat_id] = self._lock_users.get(chat_id, 0) + 1
         if self._idle is None:
@@ -309,7 +339,8 @@ class _Service:
         try:
             async with lock:
                 result = await anyio.to_thread.run_sync(fn)
-                outcome = await self.embed(chat_id) if embed else self.no_embedding()
+                ids = touched(result) if touched is not None else None
+                outcome = await self.embed(chat_id, ids) if embed else self.no_embedding()
         finally:
             self._inflight -= 1
             if not self._inflight:
@@ -321,39 +352,63 @@ class _Service:
         return result, outcome
 
     async def reembed_all(self) -> None:
-        """Embed, chat by chat under each chat's write lock, every node lacking a vector of the configured model.
+        """Ask the background worker to embed every chat's nodes lacking a vector of the configured model.
 
-        Started in the background at startup, so switching the embedding model re-embeds existing chats
-        without blocking the service (recalls meanwhile fall back to lexical for chats not yet done, and say
-        so); vectors of the old model stay stored under its own model id and are never mixed in.
+        Run at startup, so switching the embedding model re-embeds existing chats without blocking the service
+        (recalls meanwhile fall back to lexical for the nodes not yet done, and say so); vectors of the old
+        model stay stored under its own model id and are never mixed in.
         """
-        if self.embedder is None:
+        if self.embedder is None or self.worker is None:
             return
-        chats = await anyio.to_thread.run_sync(self.store.list_chats)
-        for info in chats:
-            _, outcome = await self.write(info.chat_id, lambda: None)
-            if outcome.status == "failed":
-                log.warning("background re-embedding stopped: %s", outcome.failure_category)
-                return
-            if outcome.embedded:
-                log.info("re-embedded chat %r: %d vectors of %s", info.chat_id, outcome.embedded, outcome.model_id)
+        for info in await anyio.to_thread.run_sync(self.store.list_chats):
+            self.worker.request(info.chat_id)
 
     def no_embedding(self) -> EmbeddingOutcome:
         return EmbeddingOutcome(status="disabled", model_id=self.embedder.model_id if self.embedder else "")
 
-    async def embed(self, chat_id: str) -> EmbeddingOutcome:
+    async def embed(self, chat_id: str, node_ids: Collection[str] | None = None) -> EmbeddingOutcome:
+        """Embed ``node_ids`` (or every node lacking a vector) of the chat now; a failure leaves the rest to the
+        background worker, which retries."""
         embedder = self.embedder
         if embedder is None:
             return self.no_embedding()
         batch = self.settings.embedding.batch_size
         try:
             report = await anyio.to_thread.run_sync(
-                lambda: embed_missing(self.store, chat_id, embedder, batch_size=batch)
+                lambda: embed_missing(self.store, chat_id, embedder, batch_size=batch, node_ids=node_ids)
             )
         except EmbeddingUnavailable as exc:
             log.warning("embedding after a write to chat %r failed: %s", chat_id, exc.category)
+            if self.worker is not None:
+                self.worker.request(chat_id)
             return EmbeddingOutcome(status="failed", model_id=embedder.model_id, failure_category=exc.category)
         return EmbeddingOutcome(status="ok", model_id=report.model_id, embedded=report.total)
+
+    async def sync(self, chat_id: str, messages: list[ChatMessage]) -> None:
+        """The whole-chat sync job (started by the sync route, which has answered already)."""
+        job = self.jobs.get(chat_id)
+        assert job is not None
+        job_id = job.job_id
+        try:
+            report, _ = await self.write(
+                chat_id, lambda: sync_messages(self.store, chat_id, messages, now_ms=_now_ms()), embed=False
+            )
+        except MemoryRecallError as exc:
+            log.warning("sync of chat %r failed: %s", chat_id, exc)
+            self.jobs.failed(chat_id, job_id, str(exc))
+            return
+        except Exception as exc:  # a bug: the job says so instead of vanishing with the task
+            log.error("sync of chat %r failed", chat_id, exc_info=exc)
+            self.jobs.failed(chat_id, job_id, "internal error")
+            return
+        embedding = self.embedder is not None and self.worker is not None
+        model_id = self.embedder.model_id if self.embedder is not None else ""
+        self.jobs.ingested(chat_id, job_id, version=report.version, report=report, embedding=embedding,
+                           model_id=model_id)
+        log.info("synced chat %r: %d message(s), %d node(s) added, %d updated, %d retired", chat_id,
+                 report.messages, report.nodes_added, report.nodes_updated, report.nodes_retired)
+        if embedding and self.worker is not None:
+            self.worker.request(chat_id)
 
 
 def _svc(request: Request) -> _Service:
@@ -390,6 +445,24 @@ async def _existing_chat_write(request: Request, chat_id: str, op: Callable[[Any
     return WriteResult(chat_id=chat_id, version=version, count=count, embedding=emb)
 
 
+def _check_whole_chat(messages: Sequence[ChatMessage]) -> None:
+    """Floors ``0 … n-1`` once each (checked before the job starts, so a bad body is a 422, not a failed job)."""
+    seen: dict[int, int] = {}
+    for i, m in enumerate(messages):
+        if m.floor in seen:
+            raise InputError(f"messages[{i}].floor", f"floor {m.floor} repeats messages[{seen[m.floor]}]")
+        seen[m.floor] = i
+    n = len(messages)
+    for i, m in enumerate(messages):
+        if m.floor >= n:
+            missing = next(f for f in range(n) if f not in seen)
+            raise InputError(
+                f"messages[{i}].floor",
+                f"a whole chat of {n} message(s) holds floors 0 to {n - 1}; got {m.floor} (floor {missing} is "
+                "missing)",
+            )
+
+
 async def _require_chat(svc: _Service, chat_id: str) -> None:
     if await svc.run(svc.store.chat_version, chat_id) == 0:
         raise NotFound("chat_id", f"unknown chat {chat_id!r}")
@@ -419,13 +492,19 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(service.open)
-        reembed = asyncio.create_task(service.reembed_all())
+        service.worker = EmbeddingWorker(
+            lambda: service.store, service.embedder, batch_size=BACKGROUND_EMBED_BATCH, jobs=service.jobs
+        )
+        worker = asyncio.create_task(service.worker.run())
+        await service.reembed_all()
         try:
             yield
         finally:
-            reembed.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reembed
+            await service.worker.close(worker)
+            for task in list(service.tasks):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await service.close(svc_settings.shutdown_timeout_s)
 
     app = FastAPI(
@@ -434,12 +513,17 @@ def create_app(
         description="Memory recall for roleplay chats: the recall hook, chat events, records and the memory graph.",
         lifespan=lifespan,
         responses=_ERRORS,
+        docs_url=None,  # FastAPI's pages load their assets from a CDN: served from a package (install_docs)
+        redoc_url=None,
     )
     app.state.service = service
     _install_error_handlers(app)
     _add_routes(app)
+    install_docs(app)
     # Outermost last: CORS answers preflights and decorates 401/413, then auth, then the body limit.
-    app.add_middleware(BodyLimit, max_bytes=svc_settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=svc_settings.max_body_bytes, sync_max_bytes=svc_settings.max_sync_body_bytes
+    )
     app.add_middleware(TokenAuth, token=svc_settings.token)
     app.add_middleware(
         CORSMiddleware,
@@ -528,7 +612,9 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
     async def chat_event(request: Request, chat_id: ChatId, event: Annotated[ChatEvent, Body()]) -> EventResult:
         """A host chat event: ``message_added`` (one or a batch; an existing floor is re-ingested),
         ``message_edited`` (the floor's recall record is dropped), ``message_swiped`` (an assistant message
-        shows another alternative), ``message_deleted``. Updates the graph by the ingest rules."""
+        shows another alternative), ``message_deleted`` (``shift: true`` when later messages moved down a floor).
+        Updates the graph by the ingest rules and embeds the nodes it wrote before answering; for a whole chat use
+        ``POST /v1/chats/{chat_id}/sync``, which answers at once."""
         svc = _svc(request)
         chat_id = _chat_id(chat_id)
         ctl = svc.controller
@@ -546,13 +632,19 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
                     rep = ctl.on_message_edited(chat_id, event.message, now_ms=now)
                 elif isinstance(event, MessageSwiped):
                     rep = ctl.on_message_swiped(chat_id, event.message, now_ms=now)
+                elif event.shift:
+                    rep = ctl.on_message_removed(chat_id, event.floor, now_ms=now)
                 else:
                     assert isinstance(event, MessageDeleted)
                     rep = ctl.on_message_deleted(chat_id, event.floor, now_ms=now)
                 report, dropped = rep.ingest, int(rep.record_deleted)
             return svc.store.chat_version(chat_id), report, dropped
 
-        (version, report, dropped), embedding = await svc.write(chat_id, apply)
+        def touched(result: tuple[int, Any, int]) -> Collection[str]:
+            report = result[1]
+            return tuple(report.node_ids) if report is not None else ()
+
+        (version, report, dropped), embedding = await svc.write(chat_id, apply, touched=touched)
         counts = {
             k: getattr(report, k, 0)
             for k in ("nodes_added", "nodes_updated", "nodes_retired", "edges_added", "edges_updated", "edges_retired")
@@ -561,6 +653,35 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
             chat_id=chat_id, type=event.type, version=version, records_invalidated=dropped, embedding=embedding,
             **counts,
         )
+
+    # -- whole-chat sync -----------------------------------------------------------------------------------------
+
+    @app.post(f"{v1}/chats/{{chat_id}}/sync", response_model=SyncStatus, status_code=202, tags=["events"])
+    async def sync_chat(request: Request, chat_id: ChatId, body: SyncRequest) -> SyncStatus:
+        """Make the chat exactly ``messages`` (floors ``0 … n-1``): answers at once with the job, which ingests
+        in the background (unchanged floors write nothing, so re-sending is cheap and idempotent) and then
+        embeds. Recall works meanwhile: on the graph as far as it is written, lexically for the nodes still
+        without a vector (the recall response counts them in ``vectors_missing``). Poll ``GET`` for progress.
+        """
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        messages = list(body.messages)
+        _check_whole_chat(messages)
+        job = svc.jobs.start(chat_id, len(messages))
+        task = asyncio.create_task(svc.sync(chat_id, messages))
+        svc.tasks.add(task)
+        task.add_done_callback(svc.tasks.discard)
+        return job
+
+    @app.get(f"{v1}/chats/{{chat_id}}/sync", response_model=SyncStatus, tags=["events"])
+    async def sync_status(request: Request, chat_id: ChatId) -> SyncStatus:
+        """The chat's latest sync job (since the service started); 404 when there is none."""
+        svc = _svc(request)
+        chat_id = _chat_id(chat_id)
+        job = svc.jobs.get(chat_id)
+        if job is None:
+            raise NotFound("chat_id", f"no sync of chat {chat_id!r} since the service started")
+        return job
 
     # -- graph ---------------------------------------------------------------------------------------------------
 
@@ -655,6 +776,9 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
             svc.snapshots.invalidate(chat_id)
             return deleted
 
+        if svc.worker is not None:
+            svc.worker.drop(chat_id)
+        svc.jobs.forget(chat_id)
         deleted, _ = await svc.write(chat_id, run, embed=False)
         if not deleted:
             raise NotFound("chat_id", f"unknown chat {chat_id!r}")
@@ -681,6 +805,26 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
 # ---------------------------------------------------------------------------------------------------------------
 # serve
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def log_config(log_level: str = "info") -> dict[str, Any]:
+    """uvicorn's ``LOGGING_CONFIG`` (a deep copy) plus a ``memory_recall`` logger on uvicorn's ``default`` handler
+    (stderr, ``"%(levelprefix)s %(message)s"``) at ``log_level`` (a uvicorn level name: ``critical`` …
+    ``trace``), not propagating, so the service's lines look like uvicorn's and appear once. Raises
+    :class:`ConfigError` for an unknown level."""
+    import copy
+
+    import uvicorn.config
+
+    level = uvicorn.config.LOG_LEVELS.get(log_level.lower())
+    if level is None:
+        raise ConfigError(
+            f"unknown log level {log_level!r}; expected one of {', '.join(uvicorn.config.LOG_LEVELS)}",
+            field="log_level",
+        )
+    config: dict[str, Any] = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["loggers"]["memory_recall"] = {"handlers": ["default"], "level": level, "propagate": False}
+    return config
 
 
 def serve(
@@ -715,5 +859,6 @@ def serve(
         host=service.host,
         port=service.port,
         log_level=log_level,
+        log_config=log_config(log_level),
         timeout_graceful_shutdown=int(service.shutdown_timeout_s),
     )

@@ -97,34 +97,43 @@ class _TooLarge(Exception):
 
 
 class BodyLimit:
-    """Reject bodies over ``max_bytes`` with 413 (header check first, then the streamed byte count).
+    """Reject bodies over ``max_bytes`` with 413 (header check first, then the streamed byte count); a
+    whole-chat sync (``POST …/sync``) may send up to ``sync_max_bytes``.
 
-    The body is buffered here (at most ``max_bytes``) and replayed to the app, so a 413 is always a clean
+    The body is buffered here (at most the limit) and replayed to the app, so a 413 is always a clean
     response and never a half-read request inside a route.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, sync_max_bytes: int | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.sync_max_bytes = max(sync_max_bytes or max_bytes, max_bytes)
 
-    async def _reject(self, send: Send) -> None:
+    async def _reject(self, send: Send, limit: int) -> None:
         await _send_json(
-            send, 413, {"error": f"request body larger than {self.max_bytes} bytes", "detail": None},
+            send, 413, {"error": f"request body larger than {limit} bytes", "detail": None},
             [(b"connection", b"close")],
         )
+
+    def limit_for(self, scope: Scope) -> int:
+        """The byte limit of one request."""
+        if scope.get("method") == "POST" and str(scope.get("path", "")).endswith("/sync"):
+            return self.sync_max_bytes
+        return self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.limit_for(scope)
         for name, value in scope.get("headers", ()):
             if name.lower() == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = -1
-                if declared > self.max_bytes:
-                    await self._reject(send)
+                if declared > limit:
+                    await self._reject(send, limit)
                     return
         chunks: list[bytes] = []
         size = 0
@@ -136,8 +145,8 @@ class BodyLimit:
                 break
             body = message.get("body", b"")
             size += len(body)
-            if size > self.max_bytes:
-                await self._reject(send)
+            if size > limit:
+                await self._reject(send, limit)
                 return
             chunks.append(body)
             if not message.get("more_body", False):

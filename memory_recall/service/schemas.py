@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
 from memory_recall.model.chat import MAX_MESSAGE_CHARS, ChatMessage
 from memory_recall.model.graph import Edge, Node
 
 __all__ = [
     "MAX_BATCH",
+    "MAX_SYNC_MESSAGES",
     "ChatEvent",
     "ChatList",
     "ChatSummary",
@@ -34,6 +35,9 @@ __all__ = [
     "NodeBatch",
     "RecordEdit",
     "RerecallBody",
+    "SyncRequest",
+    "SyncState",
+    "SyncStatus",
     "VersionBody",
     "WriteResult",
 ]
@@ -93,12 +97,16 @@ class MessageSwiped(BaseModel):
 
 
 class MessageDeleted(BaseModel):
-    """The message at ``floor`` was deleted: its node is archived and its edges invalidated."""
+    """The message at ``floor`` was deleted. Without ``shift`` its node is archived and its edges invalidated
+    (the last message of a chat, or a host that keeps floors); with ``shift: true`` the later messages moved
+    down one floor (a message removed from the middle of a SillyTavern chat): their nodes, edges, vectors and
+    recall records move with them, nothing is re-ingested."""
 
     model_config = _Strict
 
     type: Literal["message_deleted"]
     floor: int = Field(ge=0, le=10_000_000)
+    shift: StrictBool = False
 
 
 ChatEvent = Annotated[
@@ -129,6 +137,51 @@ class EventResult(BaseModel):
     edges_retired: int = 0
     records_invalidated: int = 0
     embedding: EmbeddingOutcome
+
+
+# -- whole-chat sync --------------------------------------------------------------------------------------------
+
+#: Most messages in one whole-chat sync.
+MAX_SYNC_MESSAGES = 100_000
+
+
+class SyncRequest(BaseModel):
+    """A whole chat: ``messages`` hold floors ``0 … n-1`` once each, in any order. The chat becomes exactly
+    these messages (message nodes past the end are retired); re-sending an unchanged chat writes nothing."""
+
+    model_config = _Strict
+
+    messages: list[ChatMessage] = Field(max_length=MAX_SYNC_MESSAGES)
+
+
+SyncState = Literal["ingesting", "embedding", "done", "failed"]
+
+
+class SyncStatus(BaseModel):
+    """Progress of a whole-chat sync (``POST`` answers at once with it; ``GET`` polls it).
+
+    ``state``: ``ingesting`` (the messages are being written), ``embedding`` (the graph is complete and recall
+    works on it, lexically for the nodes still without a vector; ``vectors_done`` of ``vectors_total`` are
+    stored), ``done``, or ``failed`` (``error`` says why; a failed embedding leaves the graph written and is
+    retried by the next write). ``version`` is the chat version the ingest produced.
+    """
+
+    job_id: str
+    chat_id: str
+    state: SyncState
+    messages: int
+    nodes_added: int = 0
+    nodes_updated: int = 0
+    nodes_retired: int = 0
+    version: int = 0
+    vectors_total: int = 0
+    vectors_done: int = 0
+    embedding_model: str = ""
+    error: str = ""
+    failure_category: str = ""
+    started_at: int
+    ingested_at: int | None = None
+    finished_at: int | None = None
 
 
 # -- graph ------------------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from controller_helpers import CHAT, NOW, CountingPipeline, request, upto
 
-from memory_recall.controller import REASON_TEXT, Reason, RecallController
-from memory_recall.errors import EmbeddingUnavailable
+from memory_recall.controller import REASON_TEXT, REASON_TEXT_EN, Reason, RecallController, reason_text
+from memory_recall.errors import EmbeddingUnavailable, InputError
 from memory_recall.model.chat import ChatMessage
 from memory_recall.settings import RecallSettings
 from memory_recall.store import Store
@@ -33,20 +33,45 @@ GATES: list[tuple[str, dict[str, Any], str, str]] = [
     ("completed", {"target_user_floor": 10}, "completed", "recall-completed"),
 ]
 
+#: ``reason_text`` of each gate case: (English, Chinese locale). Chinese is the reference's message (reference
+#: §2.2) where it has one, else the English text.
+TEXTS: dict[str, tuple[str, str]] = {
+    "dry-run": ("Dry run: no recall", "Dry run: no recall"),
+    "quiet": ("No recall for this generation type (quiet)", "No recall for this generation type (quiet)"),
+    "impersonate": (
+        "No recall for this generation type (impersonate)", "No recall for this generation type (impersonate)"
+    ),
+    "empty-chat": ("The chat is empty", "当前聊天为空"),
+    "no-user-floor": ("No user floor is available for a history generation", "没有可用于历史生成的用户楼层"),
+    "no-user-input": ("No user input is available for recall", "当前没有可用于召回的用户输入"),
+    "trivial": (
+        "The input is too trivial to recall for (slash-command)",
+        "The input is too trivial to recall for (slash-command)",
+    ),
+    "completed": ("Recall completed", "召回完成"),
+}
+
+#: Locales and whether they select Chinese (a ``zh`` primary subtag, any case).
+LOCALES: list[tuple[str | None, bool]] = [
+    (None, False), ("en", False), ("en-US", False), ("fr-CA", False), ("zhx", False),
+    ("zh", True), ("zh-CN", True), ("zh-Hant-TW", True), ("ZH-cn", True),
+]
+
 
 class TestGateTable:
     @pytest.mark.parametrize(("case", "fields", "status", "reason"), GATES, ids=[g[0] for g in GATES])
+    @pytest.mark.parametrize("locale", [None, "en-US", "zh-CN"])
     def test_gate(
         self, controller: RecallController, counting: CountingPipeline, messages: list[ChatMessage],
-        case: str, fields: dict[str, Any], status: str, reason: str,
+        case: str, fields: dict[str, Any], status: str, reason: str, locale: str | None,
     ) -> None:
         fields = dict(fields)
         msgs = fields.pop("messages", _msgs(messages))
-        resp = controller.run_recall(request(msgs, **fields))
+        resp = controller.run_recall(request(msgs, locale=locale, **fields))
         assert (resp.status, resp.reason) == (status, reason)
         assert resp.ok is (status == "completed")
         assert counting.calls == (1 if status == "completed" else 0)
-        assert resp.reason_text == REASON_TEXT.get(reason.split(":")[0], reason)
+        assert resp.reason_text == TEXTS[case][locale == "zh-CN"]
 
     def test_disabled(self, store: Store, chat: str, messages: list[ChatMessage]) -> None:
         counting = CountingPipeline()
@@ -54,7 +79,11 @@ class TestGateTable:
         resp = RecallController(store, settings, pipeline=counting).run_recall(
             request(_msgs(messages), target_user_floor=10)
         )
-        assert (resp.status, resp.reason, resp.reason_text) == ("skipped", "recall-disabled", "召回功能未启用")
+        assert (resp.status, resp.reason, resp.reason_text) == ("skipped", "recall-disabled", "Recall is disabled")
+        zh = RecallController(store, settings, pipeline=counting).run_recall(
+            request(_msgs(messages), target_user_floor=10, locale="zh")
+        )
+        assert (zh.reason, zh.reason_text) == ("recall-disabled", "召回功能未启用")
         assert counting.calls == 0
 
     def test_disabled_per_request(self, controller: RecallController, messages: list[ChatMessage]) -> None:
@@ -78,6 +107,73 @@ class TestGateTable:
                 ChatMessage(floor=1, role="assistant", text="x")]
         resp = controller.run_recall(request(msgs, generation_type="swipe"))
         assert (resp.status, resp.reason) == ("skipped", "trivial-input:slash-command")
+
+
+class TestReasonText:
+    def test_english_covers_every_reason_code(self) -> None:
+        codes = [v for k, v in vars(Reason).items() if k.isupper()]
+        assert {c: REASON_TEXT_EN[c] for c in codes} == {
+            "recall-disabled": "Recall is disabled",
+            "dry-run": "Dry run: no recall",
+            "generation-type-skipped": "No recall for this generation type",
+            "empty-chat": "The chat is empty",
+            "no-user-floor": "No user floor is available for a history generation",
+            "no-user-input": "No user input is available for recall",
+            "trivial-input": "The input is too trivial to recall for",
+            "persisted-record-reused": "Reused the persisted recall",
+            "recall-completed": "Recall completed",
+            "strict-mode-violation": "A provider failed in strict mode",
+            "stage-failed": "A pipeline stage failed",
+        }
+        assert list(REASON_TEXT_EN) == codes
+
+    def test_reference_chinese_table_is_unchanged(self) -> None:
+        assert REASON_TEXT == {
+            "recall-disabled": "召回功能未启用",
+            "empty-chat": "当前聊天为空",
+            "no-user-floor": "没有可用于历史生成的用户楼层",
+            "no-user-input": "当前没有可用于召回的用户输入",
+            "persisted-record-reused": "复用已持久化召回",
+            "recall-completed": "召回完成",
+        }
+
+    @pytest.mark.parametrize(("locale", "chinese"), LOCALES, ids=[str(loc) for loc, _ in LOCALES])
+    def test_locale_picks_the_language(self, locale: str | None, chinese: bool) -> None:
+        assert reason_text("recall-completed", locale) == ("召回完成" if chinese else "Recall completed")
+        assert reason_text("persisted-record-reused", locale) == (
+            "复用已持久化召回" if chinese else "Reused the persisted recall"
+        )
+        # No Chinese message in the reference: English with the detail, in every locale.
+        assert reason_text("generation-type-skipped:quiet", locale) == "No recall for this generation type (quiet)"
+        assert reason_text("not-a-code:x", locale) == "not-a-code:x"
+
+    @pytest.mark.parametrize(("locale", "text"), [(None, "Reused the persisted recall"), ("zh-TW", "复用已持久化召回")])
+    def test_replay_text(
+        self, controller: RecallController, messages: list[ChatMessage], locale: str | None, text: str
+    ) -> None:
+        controller.run_recall(request(upto(messages, 10), target_user_floor=10))
+        resp = controller.run_recall(request(upto(messages, 11), generation_type="swipe", locale=locale, t=10))
+        assert (resp.reason, resp.reason_text) == ("persisted-record-reused", text)
+
+    @pytest.mark.parametrize(
+        "locale", ["", "e", "en_US", "en-", "-en", "en--US", "en-US-", "abcdefghi", "en-abcdefghi", "中文", "en US",
+                   "a" * 8 + "-abcdefgh" * 3 + "-a"],
+    )
+    def test_bad_locale_is_an_input_error(self, controller: RecallController, locale: str) -> None:
+        with pytest.raises(InputError) as err:
+            controller.run_recall({"chat_id": CHAT, "locale": locale})
+        assert err.value.field == "locale"
+
+    def test_longest_locale_is_accepted(self, controller: RecallController) -> None:
+        locale = "a" * 8 + "-abcdefgh" * 3  # 35 characters
+        assert len(locale) == 35
+        resp = controller.run_recall({"chat_id": CHAT, "locale": locale})
+        assert (resp.reason, resp.reason_text) == ("empty-chat", "The chat is empty")
+
+    def test_non_string_locale_is_an_input_error(self, controller: RecallController) -> None:
+        with pytest.raises(InputError) as err:
+            controller.run_recall({"chat_id": CHAT, "locale": 5})
+        assert err.value.field == "locale"
 
 
 class _FailingEmbedder:
