@@ -3,7 +3,7 @@
 
 import { Client } from './client.js';
 import {
-    frozenFrom, generationType, hostApi, injectionDepth, recallRequest, serviceChatId, toServiceMessage,
+    frozenFrom, generationType, hostApi, placement, recallRequest, serviceChatId, toServiceMessage,
 } from './host.js';
 import { fingerprint } from './ledger.js';
 import { Outbox } from './outbox.js';
@@ -11,7 +11,9 @@ import { Outbox } from './outbox.js';
 export const MODULE = 'memory_recall';
 export const PROMPT_KEY = 'memory_recall';
 export const INTERCEPTOR = 'memoryRecallInterceptor';
-export const DEFAULTS = Object.freeze({ enabled: true, url: 'http://127.0.0.1:8765', token: '', depth: 'top' });
+export const DEFAULTS = Object.freeze({
+    enabled: true, url: 'http://127.0.0.1:8765', token: '', position: 'prompt', depth: 4,
+});
 const FLUSH_BEFORE_RECALL_MS = 10000;
 const RECALL_TIMEOUT_MS = 20000;
 const INGEST_WAIT_MS = 15000;
@@ -40,8 +42,14 @@ export function startExtension({ getContext, scriptModule, document = null, glob
 
     function settings() {
         const all = ctx().extensionSettings;
-        all[MODULE] = Object.assign({}, DEFAULTS, all[MODULE] || {});
-        if (all[MODULE].depth === 9999) all[MODULE].depth = 'top'; // the old default, beyond what 1.12.x accepts
+        const saved = all[MODULE] || {};
+        if (saved.position === undefined && saved.depth !== undefined) {
+            // Settings of 0.1: a depth only. Its default (9999, beyond what 1.12.x accepts; 'top') moves to the
+            // prompt head; a depth the user chose stays in the chat history.
+            saved.position = saved.depth === 9999 || saved.depth === 'top' ? 'prompt' : 'chat';
+            if (saved.position === 'prompt') delete saved.depth;
+        }
+        all[MODULE] = Object.assign({}, DEFAULTS, saved);
         return all[MODULE];
     }
 
@@ -134,9 +142,9 @@ export function startExtension({ getContext, scriptModule, document = null, glob
     // -- recall -----------------------------------------------------------------------------------------------
 
     function inject(text) {
-        const depth = injectionDepth(settings().depth, api.maxDepth);
+        const { position, depth } = placement(settings(), api);
         status.lastInjected = text || '';
-        ctx().setExtensionPrompt(PROMPT_KEY, text || '', api.inChat, depth, false, api.systemRole);
+        ctx().setExtensionPrompt(PROMPT_KEY, text || '', position, depth, false, api.systemRole);
     }
 
     async function interceptor(_chat, _contextSize, _abort, type) {
@@ -234,8 +242,13 @@ export function startExtension({ getContext, scriptModule, document = null, glob
           <input id="memory_recall_url" class="text_pole" type="text" placeholder="http://127.0.0.1:8765">
           <label for="memory_recall_token">Token (only if the service has one)</label>
           <input id="memory_recall_token" class="text_pole" type="password" autocomplete="off">
-          <label for="memory_recall_depth">Injection depth (top = above the chat history)</label>
-          <input id="memory_recall_depth" class="text_pole" type="text" placeholder="top">
+          <label for="memory_recall_position">Where the memories go</label>
+          <select id="memory_recall_position" class="text_pole">
+            <option value="prompt">After the system prompt (never cut off in long chats)</option>
+            <option value="chat">In the chat history, at the depth below</option>
+          </select>
+          <label for="memory_recall_depth">Depth in the chat history (messages from the end)</label>
+          <input id="memory_recall_depth" class="text_pole" type="number" min="0">
           <div class="flex-container">
             <div id="memory_recall_test" class="menu_button">Test connection</div>
             <div id="memory_recall_sync" class="menu_button">Sync this chat</div>
@@ -252,7 +265,7 @@ export function startExtension({ getContext, scriptModule, document = null, glob
         const bind = (sel, key, read) => {
             const el = $(sel);
             if (el.type === 'checkbox') el.checked = Boolean(s[key]); else el.value = s[key];
-            el.addEventListener('input', () => {
+            el.addEventListener(el.tagName === 'SELECT' ? 'change' : 'input', () => {
                 settings()[key] = read(el);
                 ctx().saveSettingsDebounced?.();
             });
@@ -260,10 +273,8 @@ export function startExtension({ getContext, scriptModule, document = null, glob
         bind('#memory_recall_enabled', 'enabled', (el) => el.checked);
         bind('#memory_recall_url', 'url', (el) => el.value.trim());
         bind('#memory_recall_token', 'token', (el) => el.value.trim());
-        bind('#memory_recall_depth', 'depth', (el) => {
-            const v = el.value.trim();
-            return v === '' || v === 'top' ? 'top' : Number(v) || 0;
-        });
+        bind('#memory_recall_position', 'position', (el) => (el.value === 'chat' ? 'chat' : 'prompt'));
+        bind('#memory_recall_depth', 'depth', (el) => Math.max(0, Number(el.value) || 0));
         $('#memory_recall_test').addEventListener('click', testConnection);
         $('#memory_recall_sync').addEventListener('click', () => {
             const id = currentChatId();
@@ -297,9 +308,10 @@ export function startExtension({ getContext, scriptModule, document = null, glob
     };
     on(ev.GENERATION_ENDED, settle);
     on(ev.GENERATION_STOPPED, settle);
-    on(ev.MESSAGE_RECEIVED, settle);
-    for (const name of ['MESSAGE_SENT', 'MESSAGE_EDITED', 'MESSAGE_UPDATED', 'MESSAGE_SWIPED', 'MESSAGE_DELETED',
-        'MESSAGE_SWIPE_DELETED']) {
+    // MESSAGE_RECEIVED does not end a generation: 1.12.x also emits it when a streamed swipe starts, with the
+    // "..." placeholder as the text (the reply stays frozen until GENERATION_ENDED).
+    for (const name of ['MESSAGE_SENT', 'MESSAGE_RECEIVED', 'MESSAGE_EDITED', 'MESSAGE_UPDATED', 'MESSAGE_SWIPED',
+        'MESSAGE_DELETED', 'MESSAGE_SWIPE_DELETED']) {
         on(ev[name], () => reconcile());
     }
     on(ev.CHAT_CHANGED, () => {

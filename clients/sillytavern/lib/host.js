@@ -5,7 +5,8 @@
 
 /** SillyTavern up to 1.12.x injects extension prompts at depths 0–1000 only (larger ones are dropped). */
 export const FALLBACK_MAX_DEPTH = 1000;
-/** `extension_prompt_types.IN_CHAT` and `extension_prompt_roles.SYSTEM` in every release so far. */
+/** `extension_prompt_types.IN_PROMPT` / `IN_CHAT` and `extension_prompt_roles.SYSTEM` in every release so far. */
+export const IN_PROMPT = 0;
 export const IN_CHAT = 1;
 export const SYSTEM_ROLE = 0;
 
@@ -101,18 +102,32 @@ export function hostApi(context, scriptModule) {
     const roles = scriptModule?.extension_prompt_roles || context?.extension_prompt_roles;
     return {
         maxDepth,
+        inPrompt: Number.isInteger(types?.IN_PROMPT) ? types.IN_PROMPT : IN_PROMPT,
         inChat: Number.isInteger(types?.IN_CHAT) ? types.IN_CHAT : IN_CHAT,
         systemRole: Number.isInteger(roles?.SYSTEM) ? roles.SYSTEM : SYSTEM_ROLE,
         eventTypes: context?.eventTypes || context?.event_types || {},
     };
 }
 
-/** The depth to inject at: the setting (`'top'` or a number), within what the host accepts. */
+/** The depth to inject at in the chat history: the setting (a number), within what the host accepts. */
 export function injectionDepth(setting, maxDepth) {
-    if (setting === 'top' || setting === '' || setting === null || setting === undefined) return maxDepth;
     const n = Number(setting);
-    if (!Number.isFinite(n)) return maxDepth;
+    if (setting === null || setting === '' || !Number.isFinite(n)) return Math.min(DEFAULT_CHAT_DEPTH, maxDepth);
     return Math.max(0, Math.min(Math.floor(n), maxDepth));
+}
+
+/** Depth used when the block goes into the chat history and no valid depth is set. */
+export const DEFAULT_CHAT_DEPTH = 4;
+
+/**
+ * Where the block goes: `{position, depth}` for `setExtensionPrompt`. `'prompt'` (the default): right after the
+ * system prompt / story string, part of the prompt's fixed head, so it is never trimmed away when a long chat
+ * fills the context (a block deep in the chat history falls out with the oldest messages: at depth 1000 a
+ * 1,000-message chat never showed it). `'chat'`: in the chat history, `depth` messages from the end.
+ */
+export function placement(settings, api) {
+    if (settings.position === 'chat') return { position: api.inChat, depth: injectionDepth(settings.depth, api.maxDepth) };
+    return { position: api.inPrompt, depth: 0 };
 }
 
 /** The recall request of a generation of service type `type` on SillyTavern `chat`. */

@@ -26,7 +26,11 @@ export class Outbox {
      * @param {(fn: () => void, ms: number) => any} [opts.setTimer]
      * @param {(handle: any) => void} [opts.clearTimer]
      */
-    constructor({ send, onState = () => {}, onRecovered = () => {}, setTimer = setTimeout, clearTimer = clearTimeout }) {
+    constructor({
+        send, onState = () => {}, onRecovered = () => {},
+        // Wrapped: a browser refuses setTimeout called as a method of another object ("Illegal invocation").
+        setTimer = (fn, ms) => setTimeout(fn, ms), clearTimer = (handle) => clearTimeout(handle),
+    }) {
         this.send = send;
         this.onState = onState;
         this.onRecovered = onRecovered;

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import {
-    FALLBACK_MAX_DEPTH, frozenFrom, generationType, hostApi, injectionDepth, localeTag, recallRequest, serviceChatId,
+    DEFAULT_CHAT_DEPTH, FALLBACK_MAX_DEPTH, frozenFrom, generationType, hostApi, injectionDepth, localeTag, placement, recallRequest, serviceChatId,
     targetUserFloor, toServiceMessage,
 } from '../lib/host.js';
 
@@ -11,24 +11,29 @@ const bot = (mes, extra = {}) => ({ name: 'Seraphina', is_user: false, is_system
 
 test('host releases: 1.12.x limits without script.js, the exports of newer releases when present', () => {
     const old = hostApi({ eventTypes: { MESSAGE_SENT: 'message_sent' } }, null);
-    assert.deepEqual(old, { maxDepth: FALLBACK_MAX_DEPTH, inChat: 1, systemRole: 0, eventTypes: { MESSAGE_SENT: 'message_sent' } });
-    const v1126 = hostApi({ event_types: { A: 'a' } }, {
-        MAX_INJECTION_DEPTH: 1000, extension_prompt_types: { IN_CHAT: 1 }, extension_prompt_roles: { SYSTEM: 0 },
+    assert.deepEqual(old, {
+        maxDepth: FALLBACK_MAX_DEPTH, inPrompt: 0, inChat: 1, systemRole: 0, eventTypes: { MESSAGE_SENT: 'message_sent' },
     });
-    assert.deepEqual(v1126, { maxDepth: 1000, inChat: 1, systemRole: 0, eventTypes: { A: 'a' } });
+    const v1126 = hostApi({ event_types: { A: 'a' } }, {
+        MAX_INJECTION_DEPTH: 1000, extension_prompt_types: { IN_PROMPT: 0, IN_CHAT: 1 }, extension_prompt_roles: { SYSTEM: 0 },
+    });
+    assert.deepEqual(v1126, { maxDepth: 1000, inPrompt: 0, inChat: 1, systemRole: 0, eventTypes: { A: 'a' } });
     const v119 = hostApi({ eventTypes: {} }, {
         MAX_INJECTION_DEPTH: 10000, extension_prompt_types: { IN_CHAT: 1 }, extension_prompt_roles: { SYSTEM: 0 },
     });
     assert.equal(v119.maxDepth, 10000);
 });
 
-test('injection depth: top is the largest the host accepts, numbers are clamped to it', () => {
-    assert.equal(injectionDepth('top', 1000), 1000);
-    assert.equal(injectionDepth(undefined, 10000), 10000);
-    assert.equal(injectionDepth(9999, 1000), 1000); // the old default no longer vanishes on 1.12.x
-    assert.equal(injectionDepth(4, 1000), 4);
+test('placement: after the system prompt by default; in the chat at a depth within the host limit', () => {
+    const api = { inPrompt: 0, inChat: 1, maxDepth: 1000 };
+    assert.deepEqual(placement({}, api), { position: 0, depth: 0 });
+    assert.deepEqual(placement({ position: 'prompt', depth: 7 }, api), { position: 0, depth: 0 });
+    assert.deepEqual(placement({ position: 'chat', depth: 9999 }, api), { position: 1, depth: 1000 });
+    assert.deepEqual(placement({ position: 'chat', depth: 9999 }, { ...api, maxDepth: 10000 }), { position: 1, depth: 9999 });
+    assert.deepEqual(placement({ position: 'chat', depth: 2 }, api), { position: 1, depth: 2 });
     assert.equal(injectionDepth(-3, 1000), 0);
-    assert.equal(injectionDepth('abc', 1000), 1000);
+    assert.equal(injectionDepth('abc', 1000), DEFAULT_CHAT_DEPTH);
+    assert.equal(injectionDepth(null, 1000), DEFAULT_CHAT_DEPTH);
 });
 
 test('generation types: quiet and impersonate get no memory, unknown types count as a new turn', () => {
