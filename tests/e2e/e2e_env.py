@@ -16,8 +16,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
@@ -227,3 +229,19 @@ def run(
             raise E2EError(f"{' '.join(argv)} timed out after {timeout:.0f}s\n{tail(log_path)}") from None
     if done.returncode != 0:
         raise E2EError(f"{' '.join(argv)} failed with status {done.returncode}\n{tail(log_path)}")
+
+
+class ThreadedServer:
+    """A ``ThreadingHTTPServer`` for ``handler`` on 127.0.0.1 (free port) serving in a daemon thread."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler], name: str) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)

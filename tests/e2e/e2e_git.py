@@ -13,12 +13,11 @@ import json
 import os
 import shutil
 import subprocess
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from e2e_env import E2EError
+from e2e_env import E2EError, ThreadedServer
 
 _GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "e2e", "GIT_AUTHOR_EMAIL": "e2e@localhost",
@@ -88,8 +87,7 @@ class GitHttpServer:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.requests: list[tuple[str, str]] = []
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ThreadedServer | None = None
         self.port = 0
         backend = _git("--exec-path")
         self._backend = str(Path(backend) / "git-http-backend")
@@ -102,11 +100,8 @@ class GitHttpServer:
         class Handler(_CgiHandler):
             server_owner = owner
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, name="e2e-git-http", daemon=True)
-        self._thread.start()
+        self._server = ThreadedServer(Handler, "e2e-git-http")
+        self.port = self._server.port
         return self
 
     def url_for(self, name: str) -> str:
@@ -114,12 +109,8 @@ class GitHttpServer:
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
 
 
 class _CgiHandler(BaseHTTPRequestHandler):

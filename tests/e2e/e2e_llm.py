@@ -21,8 +21,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from e2e_env import ThreadedServer
 
 MODEL_ID = "e2e-recorder"
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -95,8 +97,7 @@ class LLMRecorder:
         self._responder: Callable[[Recorded], str] | None = None
         self.delay_s = 0.0  # wait this long before answering a generation (to catch a generation in flight)
         self.chunk_delay_s = 0.0  # between streamed chunks
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ThreadedServer | None = None
         self.port = 0
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -107,21 +108,14 @@ class LLMRecorder:
         class Handler(_Handler):
             owner = recorder
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, name="e2e-llm", daemon=True)
-        self._thread.start()
+        self._server = ThreadedServer(Handler, "e2e-llm")
+        self.port = self._server.port
         return self
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
 
     @property
     def base_url(self) -> str:

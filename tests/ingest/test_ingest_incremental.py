@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ingest_helpers import BASE, NOW, T0
 
 from memory_recall.ingest.messages import (
     GraphView,
@@ -29,18 +30,7 @@ from memory_recall.model.graph import Edge, Node
 from memory_recall.store.sqlite import Store
 
 CHAT = "chat-inc"
-NOW = 1_767_225_600_000
-T0 = 1_700_000_000_000
 OSCAR = entity_id("Oscar")
-
-BASE = [
-    ChatMessage(floor=0, role="user", speaker="Caroline", text="Hey Mel! Oscar says hi.", send_time_ms=T0),
-    ChatMessage(floor=1, role="assistant", speaker="Melanie", text="Hi Caroline. How is Oscar?", send_time_ms=T0 + 1),
-    ChatMessage(floor=2, role="user", speaker="Caroline", text='We read "Becoming Nicole" in Paris.',
-                send_time_ms=T0 + 2),
-    ChatMessage(floor=3, role="assistant", speaker="Melanie", text="Paris again! Lovely.", send_time_ms=T0 + 3),
-    ChatMessage(floor=4, role="user", speaker="Caroline", text="Next: Lake Tahoe with Melanie.", send_time_ms=T0 + 4),
-]
 
 
 def _store(tmp_path: Path, name: str) -> Store:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from ingest_helpers import BASE, NOW, T0
 
 from memory_recall.errors import InputError, NotFound
 from memory_recall.ingest.messages import ingest_messages, message_id, remove_message, sync_messages
@@ -18,17 +19,6 @@ from memory_recall.model.records import PersistedRecall
 from memory_recall.store.sqlite import Store
 
 CHAT = "chat-rm"
-NOW = 1_767_225_600_000
-T0 = 1_700_000_000_000
-
-BASE = [
-    ChatMessage(floor=0, role="user", speaker="Caroline", text="Hey Mel! Oscar says hi.", send_time_ms=T0),
-    ChatMessage(floor=1, role="assistant", speaker="Melanie", text="Hi Caroline. How is Oscar?", send_time_ms=T0 + 1),
-    ChatMessage(floor=2, role="user", speaker="Caroline", text='We read "Becoming Nicole" in Paris.',
-                send_time_ms=T0 + 2),
-    ChatMessage(floor=3, role="assistant", speaker="Melanie", text="Paris again! Lovely.", send_time_ms=T0 + 3),
-    ChatMessage(floor=4, role="user", speaker="Caroline", text="Next: Lake Tahoe with Melanie.", send_time_ms=T0 + 4),
-]
 
 
 @pytest.fixture
