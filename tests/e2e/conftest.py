@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 from collections.abc import Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -216,3 +217,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"e2e SillyTavern {stack.version} ({stack.install_method}): {steps}")
     for line in summary_lines():
         terminalreporter.write_line(line)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the end-to-end tests last. Playwright's sync API keeps an event loop running in the main thread while
+    the session's browser is open, and ``asyncio.run`` (which other tests call) refuses to start inside one."""
+    here = Path(__file__).resolve().parent
+    items.sort(key=lambda item: Path(str(item.path)).resolve().is_relative_to(here))
