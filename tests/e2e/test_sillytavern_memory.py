@@ -90,8 +90,9 @@ def test_memory_reaches_the_prompt_and_replays_byte_for_byte(
 ) -> None:
     version = e2e_stack.version
     for fact in FACTS:
-        _, seconds = send_timed(st_page, llm, fact)
+        sent, seconds = send_timed(st_page, llm, fact)
         record(version, "send_to_llm_request_s (memory-recall on)", seconds)
+        record(version, "block_bytes", len(block_of(sent).encode()))
     question = "Where did I hide the brass key to the lighthouse?"
     request, seconds = send_timed(st_page, llm, question)
     record(version, "send_to_llm_request_s (memory-recall on)", seconds)
