@@ -119,29 +119,37 @@ _SIM_QUERY_PAD = 4
 def query_similarities(embeddings: np.ndarray, queries: np.ndarray) -> np.ndarray:
     """``queries @ embeddings.T`` (q × n, float32).
 
-    Computed block by block as ``embeddings[block] @ padded.T``, with the queries padded by zero rows to a
-    multiple of four and blocks of 128 node rows. Why this shape:
+    Computed block by block as ``embeddings[block] @ group.T``: the queries in groups of four (the last one
+    padded by zero rows), blocks of 128 node rows, every group of a block before the next block (one pass through
+    the node matrix). Why this shape:
 
-    * a product this small takes OpenBLAS's single-threaded small-matrix path, which neither packs the node
-      matrix (a whole-graph GEMM writes a packed copy of it: 15 MB at 10k nodes, evicted from the cache by the
-      rest of the recall, so it costs a second pass through memory) nor splits the sum over the dimensions, so
-      the bits are the same for any BLAS thread count, alignment and number of queries (checked for 1–8
-      queries, 1 or 2 threads, 1k–100k nodes; ``tests/pipeline/test_vector_prefilter.py``);
-    * four query columns run the kernel's full width: three cost more than four;
+    * a product this small takes OpenBLAS's small-matrix path (or a GEMM that splits rows and columns among
+      threads, never the sum over the dimensions), which does not pack the node matrix (a whole-graph GEMM writes
+      a packed copy of it: 15 MB at 10k nodes, evicted from the cache by the rest of the recall, so it costs a
+      second pass through memory);
+    * four query columns run the kernel's full width (three cost more than four), and a wider product is not
+      used: with eight columns some kernels (OpenBLAS's Haswell and Zen ones) give a column other bits than the
+      same query alone;
     * a single query alone would be a GEMV, whose bits change with the thread count.
 
-    About 1.7× faster than one whole-graph GEMM at 10k nodes with the cache cold (one BLAS thread).
+    Guarantee (what ``tests/pipeline/test_vector_prefilter.py`` checks under every OpenBLAS kernel the CPU can
+    run): the same input gives the same bits, whatever the BLAS thread count, and a query's row has the same bits
+    whatever the other queries are. About 1.7× faster than one whole-graph GEMM at 10k nodes with the cache cold
+    (one BLAS thread).
     """
     q, dim = queries.shape
     n = embeddings.shape[0]
-    padded = np.zeros((-(-q // _SIM_QUERY_PAD) * _SIM_QUERY_PAD, dim), dtype=np.float32)
+    groups = -(-q // _SIM_QUERY_PAD)
+    padded = np.zeros((groups * _SIM_QUERY_PAD, dim), dtype=np.float32)
     padded[:q] = queries
-    right = padded.T
-    out = np.empty((n, padded.shape[0]), dtype=np.float32)
+    rights = [padded[g * _SIM_QUERY_PAD : (g + 1) * _SIM_QUERY_PAD].T for g in range(groups)]
+    out = np.empty((groups, n, _SIM_QUERY_PAD), dtype=np.float32)
     for start in range(0, n, _SIM_BLOCK_ROWS):
         stop = start + _SIM_BLOCK_ROWS
-        np.matmul(embeddings[start:stop], right, out=out[start:stop])
-    return np.ascontiguousarray(out[:, :q].T)
+        block = embeddings[start:stop]
+        for g, right in enumerate(rights):
+            np.matmul(block, right, out=out[g, start:stop])
+    return np.ascontiguousarray(out.transpose(0, 2, 1).reshape(groups * _SIM_QUERY_PAD, n)[:q])
 
 
 def merge_vector_hits(

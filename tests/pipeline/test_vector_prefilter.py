@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from ctx_helpers import (
@@ -278,7 +283,7 @@ class TestContract:
 
 
 @pytest.mark.parametrize("n", [2500, 10001])
-@pytest.mark.parametrize("q", [1, 2, 3, 5])
+@pytest.mark.parametrize("q", [1, 2, 3, 5, 8])
 def test_similarities_do_not_depend_on_the_blas_thread_count(n: int, q: int) -> None:
     """A single query used to be a GEMV, whose float32 bits differ between one and two OpenBLAS threads at these
     sizes; every query count now gives the same bits for any thread count, each query's row has the same bits
@@ -298,3 +303,58 @@ def test_similarities_do_not_depend_on_the_blas_thread_count(n: int, q: int) -> 
     assert b"".join(a.tobytes() for a in alone) == one.tobytes()
     exact = queries.astype(np.float64) @ emb.astype(np.float64).T
     assert np.max(np.abs(one - exact)) < 1e-4
+
+
+# Each OpenBLAS kernel (OPENBLAS_CORETYPE, read when the library loads) with the CPU flag it needs (SSE3 is "pni"
+# in /proc/cpuinfo) and the names OpenBLAS reports for it (Zen runs its Haswell kernels, Prescott reports
+# Katmai): a fresh interpreter per kernel runs the checks above, so the guarantee is checked for other machines.
+_KERNELS = {"Prescott": "pni", "Nehalem": "sse4_2", "Sandybridge": "avx", "Haswell": "avx2", "Zen": "avx2",
+            "SkylakeX": "avx512f"}
+_REPORTED = {"Zen": {"Zen", "Haswell"}, "Prescott": {"Prescott", "Katmai"}}
+_KERNEL_CHECK = """
+import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
+from memory_recall.pipeline.vector_prefilter import query_similarities
+for n, q in ((2500, 5), (10001, 8), (999, 3)):
+    rng = np.random.default_rng(n + q)
+    emb = rng.standard_normal((n, 384)).astype(np.float32)
+    queries = rng.standard_normal((q, 384)).astype(np.float32)
+    with threadpool_limits(1, user_api="blas"):
+        one = query_similarities(emb, queries)
+        alone = b"".join(query_similarities(emb, queries[j : j + 1]).tobytes() for j in range(q))
+        again = query_similarities(emb, queries)
+    with threadpool_limits(2, user_api="blas"):
+        two = query_similarities(emb, queries)
+    assert one.tobytes() == again.tobytes() == two.tobytes() == alone, (n, q)
+    assert np.max(np.abs(one - queries.astype(np.float64) @ emb.astype(np.float64).T)) < 1e-4
+print(",".join(sorted({i.get("architecture", "") for i in threadpool_info() if i.get("internal_api") == "openblas"})))
+"""
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+@pytest.mark.parametrize("kernel", sorted(_KERNELS))
+def test_the_guarantee_holds_for_every_openblas_kernel(kernel: str) -> None:
+    """Same input, same bits, whatever the thread count and the other queries, under each OpenBLAS kernel this
+    CPU can run (numpy's OpenBLAS picks the kernel by CPU; ``OPENBLAS_CORETYPE`` forces one)."""
+    from threadpoolctl import threadpool_info
+
+    if not any(i.get("internal_api") == "openblas" for i in threadpool_info()):
+        pytest.skip("numpy is not linked against OpenBLAS")
+    flags = _cpu_flags()
+    if not flags:
+        pytest.skip("the CPU flags are unknown (no /proc/cpuinfo)")
+    if _KERNELS[kernel] not in flags:
+        pytest.skip(f"this CPU lacks {_KERNELS[kernel]}, which OpenBLAS's {kernel} kernel needs")
+    env = {**os.environ, "OPENBLAS_CORETYPE": kernel}
+    done = subprocess.run([sys.executable, "-c", _KERNEL_CHECK], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() in _REPORTED.get(kernel, {kernel})  # the kernel really was the one forced
