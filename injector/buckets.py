@@ -6,18 +6,22 @@ drops rows. Sections, in order:
 
 1. ``summary`` — ``[Summary - Active Frontier]``, one entry per active summary entry with non-empty text
    (``[Summary L<level> / 楼 <a> ~ <b>]``, rollups ``[Summary L<level> / Rolled Up / 楼 <a> ~ <b>]``, ``?`` for a
-   missing range), an optional ``story_time_span: …`` line, then the text.
+   missing range; ``messages`` for ``楼`` in English blocks), an optional ``story_time_span: …`` line, then the
+   text.
 2. Scoped sections, each only when its node list is non-empty: ``character_pov`` (one per owner in
    ``characterPovOwnerOrder``, labelled by the scene-owner candidate's name, else the first node's scope owner
-   name / id, else the key, else ``未命名角色``; a single unlabelled section when the order is empty but
-   ``characterPov`` is not), ``user_pov`` (with its fixed note line), ``objective_current_region``,
-   ``objective_global``.
+   name / id, else the key, else ``未命名角色`` (``unnamed character``); a single unlabelled section when the
+   order is empty but ``characterPov`` is not), ``user_pov`` (with its fixed note line),
+   ``objective_current_region``, ``objective_global``.
 3. Only when 1 and 2 produced nothing: the legacy ``core`` and ``recalled`` sections (``recalled`` grouped
    under ``## 当前状态记忆`` / ``## 情景事件记忆`` / ``## 反思与长期锚点`` / ``## 规则与约束`` /
-   ``## 其他关联记忆``). Callers pass
+   ``## 其他关联记忆``, or their English forms). Callers pass
    only nodes that passed the recall gate (recall-spec departure 2: the reference printed gated nodes here,
    §7 item 3); :func:`injector.render.render` takes them from the result's core/recall lists minus
    ``gate_suppressed``.
+
+The fixed words (floor marker, unnamed labels, the legacy group headings and the user-POV note while they are at
+their defaults) come from the :class:`~injector.labels.Labels` passed in (default: the reference's Chinese).
 
 Inside a section the nodes are grouped by type in order of first appearance, one table per type. A node is
 planned at most once per block (the first section that holds it); a node whose type is not in the schema gets no
@@ -34,6 +38,7 @@ from typing import Any
 from memory_recall.model.graph import NodeTypeSpec
 from memory_recall.settings import InjectorHeadings
 
+from .labels import ZH, Labels, localised_headings
 from .tables import node_id, node_type, scope_owner, story_span_label
 
 __all__ = [
@@ -47,8 +52,8 @@ __all__ = [
     "summary_header",
 ]
 
-# Headings and the user-POV note are settings (InjectorSettings.headings); their defaults are the reference's text.
-UNNAMED_CHARACTER = "未命名角色"
+# Headings and the user-POV note are settings (InjectorSettings.headings); their defaults are the reference's text,
+# worded in the block's language by injector.labels.
 
 #: Legacy ``[Memory - Recalled]`` groups, in print order; ``other`` takes every remaining type (reference §4.1).
 LEGACY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -135,8 +140,9 @@ class _Planner:
                 for t, ns in by_type.items()]
 
 
-def summary_header(entry: Mapping[str, Any]) -> str:
-    """``[Summary L<level> / 楼 <a> ~ <b>]``; rollups add ``Rolled Up /``; ``?`` for a missing range end."""
+def summary_header(entry: Mapping[str, Any], labels: Labels = ZH) -> str:
+    """``[Summary L<level> / 楼 <a> ~ <b>]`` (``labels.floors`` for ``楼``); rollups add ``Rolled Up /``; ``?`` for
+    a missing range end."""
     level = entry.get("level", 0)
     rng = entry.get("message_range", entry.get("messageRange"))
     a = b = "?"
@@ -144,7 +150,7 @@ def summary_header(entry: Mapping[str, Any]) -> str:
         a = str(rng[0]) if len(rng) > 0 and rng[0] is not None else "?"
         b = str(rng[1]) if len(rng) > 1 and rng[1] is not None else "?"
     kind = " / Rolled Up" if entry.get("kind") == "rollup" else ""
-    return f"[Summary L{level}{kind} / 楼 {a} ~ {b}]"
+    return f"[Summary L{level}{kind} / {labels.floors} {a} ~ {b}]"
 
 
 def _summary_key(entry: Mapping[str, Any]) -> tuple[float, float, int, int, str]:
@@ -154,26 +160,27 @@ def _summary_key(entry: Mapping[str, Any]) -> tuple[float, float, int, int, str]
     return (a, b, int(entry.get("level", 0) or 0), int(created), str(entry.get("id", "")))
 
 
-def summary_items(entries: Sequence[Mapping[str, Any]]) -> list[SummaryItem]:
+def summary_items(entries: Sequence[Mapping[str, Any]], labels: Labels = ZH) -> list[SummaryItem]:
     """Active entries with non-empty text, in the §1.8 order (range start, end, level, createdAt, id)."""
     active = [e for e in entries if e.get("status", "active") == "active" and str(e.get("text") or "").strip()]
     return [
-        SummaryItem(id=str(e.get("id", "")), header=summary_header(e), story_time_span=story_span_label(e),
+        SummaryItem(id=str(e.get("id", "")), header=summary_header(e, labels), story_time_span=story_span_label(e),
                     text=str(e.get("text")).strip())
         for e in sorted(active, key=_summary_key)
     ]
 
 
-def owner_label(key: str, nodes: Sequence[Mapping[str, Any]], owner_labels: Mapping[str, str]) -> str:
+def owner_label(key: str, nodes: Sequence[Mapping[str, Any]], owner_labels: Mapping[str, str],
+                labels: Labels = ZH) -> str:
     """Section label of a character-POV owner: the scene-owner candidate's name for ``key``, else the first
-    node's scope owner name / id, else the key, else ``未命名角色``."""
+    node's scope owner name / id, else the key, else ``labels.unnamed_character`` (``未命名角色``)."""
     if owner_labels.get(key):
         return str(owner_labels[key])
     if nodes:
         _, name, oid = scope_owner(nodes[0])
         if name or oid:
             return name or oid
-    return key or UNNAMED_CHARACTER
+    return key or labels.unnamed_character
 
 
 def plan_sections(
@@ -185,17 +192,19 @@ def plan_sections(
     owner_labels: Mapping[str, str],
     schema: Sequence[NodeTypeSpec],
     headings: InjectorHeadings | None = None,
+    labels: Labels = ZH,
 ) -> tuple[list[SectionPlan], list[str]]:
     """The block's sections (see the module docstring) and the ids of nodes of unknown types, in plan order.
 
     ``scope_buckets`` holds node dicts under the reference's keys (``characterPov``, ``characterPovByOwner``,
     ``characterPovOwnerOrder``, ``userPov``, ``objectiveCurrentRegion``, ``objectiveGlobal``); ``None`` means no
-    scoped layout at all (straight to the legacy layout).
+    scoped layout at all (straight to the legacy layout). Headings still at their defaults are worded by
+    ``labels`` (:func:`injector.labels.localised_headings`).
     """
-    h = headings or InjectorHeadings()
+    h = localised_headings(headings or InjectorHeadings(), labels)
     planner = _Planner(schema={s.id: s for s in schema})
     sections: list[SectionPlan] = []
-    items = summary_items(summary_entries)
+    items = summary_items(summary_entries, labels)
     if items:
         sections.append(SectionPlan(section="summary", heading=h.summary, summary=tuple(items)))
     if scope_buckets is not None:
@@ -207,7 +216,7 @@ def plan_sections(
                 if nodes:
                     sections.append(SectionPlan(
                         section="character_pov",
-                        heading=h.character_pov_owner.format(owner=owner_label(key, nodes, owner_labels)),
+                        heading=h.character_pov_owner.format(owner=owner_label(key, nodes, owner_labels, labels)),
                         owner_key=key, tables=tuple(planner.tables(nodes)),
                     ))
         elif scope_buckets.get("characterPov"):

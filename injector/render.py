@@ -11,8 +11,10 @@ parts built by hand (golden tests, other callers). Both return an :class:`Inject
 ``"\\n"``, trimmed, ``""`` when there is nothing to inject), the blocks as structured data, every node left out
 with its reason, the length in characters and the reference's token estimate.
 
-Pipeline: caps (:func:`injector.budget.fill_cap`) → section plan (:func:`injector.buckets.plan_sections`) → tables
-(:mod:`injector.tables`) → row and block budget (:func:`injector.budget.fit`) → text.
+Pipeline: block language (:mod:`injector.labels`, from ``settings.language`` and the texts of every node and summary
+entry passed in, before caps and budget) → caps (:func:`injector.budget.fill_cap`) → section plan
+(:func:`injector.buckets.plan_sections`) → tables (:mod:`injector.tables`) → row and block budget
+(:func:`injector.budget.fit`) → text.
 
 Omission reasons
     ``core-cap``, ``objective-global-cap``, ``objective-global-disabled`` (from the result, or applied here to
@@ -34,6 +36,7 @@ from memory_recall.settings import InjectorSettings
 
 from .buckets import SectionPlan, plan_sections
 from .budget import DropCandidate, fill_cap, fit, row_rank, summary_rank
+from .labels import ZH, Labels, block_texts, labels_for, language_of
 from .tables import InjectionTable, as_node_dict, build_table, node_id, row_line, table_lines
 
 __all__ = ["Injection", "InjectionBlock", "InjectionSummaryEntry", "OmittedEntry", "render", "render_parts"]
@@ -103,9 +106,10 @@ def _summary_key(sid: str) -> str:
 class _Layout:
     """A section plan rendered with some rows dropped."""
 
-    def __init__(self, plans: Sequence[SectionPlan], settings: InjectorSettings) -> None:
+    def __init__(self, plans: Sequence[SectionPlan], settings: InjectorSettings, labels: Labels) -> None:
         self.plans = plans
         self.settings = settings
+        self.labels = labels
 
     def blocks(self, dropped: frozenset[str]) -> list[tuple[int, InjectionBlock]]:
         """``(plan index, block)`` of every section that is printed."""
@@ -128,7 +132,8 @@ class _Layout:
                 nodes = [n for n in t.nodes if _row_key(node_id(n)) not in dropped]
                 if nodes:
                     tables.append(build_table(t.spec, nodes, cell_chars=s.cell_chars,
-                                              story_time_labels=s.inject_story_time_label, heading=t.heading))
+                                              story_time_labels=s.inject_story_time_label, heading=t.heading,
+                                              labels=self.labels))
             # A section keeps its header only while it keeps a row; one that never had a row (unknown types
             # only) prints its bare header, as in the reference.
             if tables or planned_rows == 0:
@@ -205,7 +210,8 @@ def render_parts(
     ``characterPovByOwner`` {owner key: nodes}, ``characterPovOwnerOrder``, ``userPov``,
     ``objectiveCurrentRegion``, ``objectiveGlobal``) to nodes (:class:`~memory_recall.model.graph.Node` or dicts);
     ``None`` skips the scoped layout. ``core_nodes`` are the always-inject nodes, ``recall_nodes`` the selected
-    non-core ones, both in recall order. ``owner_labels`` maps owner keys to scene-owner candidate names.
+    non-core ones, both in recall order. ``owner_labels`` maps owner keys to scene-owner candidate names. The fixed
+    labels follow ``settings.language`` (``"auto"``: the language of these parts' texts, :mod:`injector.labels`).
     ``scores`` (node id → weighted score of selected nodes) orders cap filling and budget drops; ``omitted`` is
     prepended to the report (caps already applied upstream).
     """
@@ -214,6 +220,9 @@ def render_parts(
     report: list[OmittedEntry] = list(omitted)
     core = _nodes(core_nodes)
     recall = _nodes(recall_nodes)
+    summaries = [as_node_dict(e) for e in summary_entries]
+    labels = labels_for(language_of(s.language, block_texts(
+        [*core, *recall, *_bucket_nodes(scope_buckets)], summaries, sorted((owner_labels or {}).values()))))
     recall_ids = {node_id(n) for n in recall}
 
     kept_core, capped = fill_cap(core, scores, s.core_cap)
@@ -241,13 +250,14 @@ def render_parts(
         report.extend(OmittedEntry(node_id=node_id(n), reason="objective-global-cap") for n in left)
 
     plans, unknown = plan_sections(
-        summary_entries=[as_node_dict(e) for e in summary_entries],
+        summary_entries=summaries,
         scope_buckets=buckets,
         core_nodes=[n for n in kept_core if node_id(n) not in removed],
         recall_nodes=recall,
         owner_labels=owner_labels or {},
         schema=schema,
         headings=s.headings,
+        labels=labels,
     )
     section_of: dict[str, str] = {}
     for plan in plans:
@@ -256,7 +266,7 @@ def render_parts(
                 section_of.setdefault(node_id(n), plan.section)
     report.extend(OmittedEntry(node_id=nid, reason="unknown-type") for nid in unknown)
 
-    layout = _Layout(plans, s)
+    layout = _Layout(plans, s, labels)
     # Row budget: judged on the rows as the unbudgeted block prints them.
     too_long: list[str] = []
     for _, block in layout.blocks(frozenset()):
@@ -294,6 +304,16 @@ def render_parts(
         blocks, text = [], ""
     return Injection(text=text, blocks=blocks, omitted=report, char_count=len(text),
                      token_estimate=estimate_tokens(text))
+
+
+def _bucket_nodes(scope_buckets: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    if scope_buckets is None:
+        return []
+    out = [n for key in _BUCKET_LISTS for n in _nodes(scope_buckets.get(key))]
+    by_owner = scope_buckets.get("characterPovByOwner") or {}
+    for key in sorted(by_owner):
+        out.extend(_nodes(by_owner[key]))
+    return out
 
 
 def _suppressed(meta: Mapping[str, Any]) -> set[str]:
@@ -344,7 +364,10 @@ def render(result: Any, settings: Any = None, schema: Sequence[NodeTypeSpec] = D
         "objectiveCurrentRegion": resolve(sb.objectiveCurrentRegion),
         "objectiveGlobal": resolve(sb.objectiveGlobal),
     }
-    labels = {**dict(sb.characterPovOwnerLabels), **_candidate_names(result.meta or {})}
+    # The result builder labels an owner with neither key nor name "未命名角色"; dropped here, the injector's own
+    # fallback words it in the block's language.
+    owner_labels = {k: v for k, v in sb.characterPovOwnerLabels.items() if k or v != ZH.unnamed_character}
+    owner_labels.update(_candidate_names(result.meta or {}))
     core = resolve(result.core_node_ids)
     recall = resolve(result.recall_node_ids)
     prior = [OmittedEntry(node_id=o.node_id, reason=o.reason) for o in result.omitted]
@@ -354,7 +377,7 @@ def render(result: Any, settings: Any = None, schema: Sequence[NodeTypeSpec] = D
         scope_buckets=buckets,
         core_nodes=core,
         recall_nodes=recall,
-        owner_labels=labels,
+        owner_labels=owner_labels,
         settings=_injector_settings(settings),
         schema=schema,
         scores={m.node_id: float(m.score) for m in result.selected},

@@ -9,7 +9,8 @@ A table is ``<tableName>:``, a header row, a ``---`` row and one row per node::
 
 Columns
     Derived columns first — ``owner`` for ``pov_memory`` (``角色: <name>`` / ``用户: <name>`` / ``POV: <name>``,
-    name = owner name, else owner id, else ``未命名``); ``story_time`` for ``event`` / ``pov_memory`` and
+    name = owner name, else owner id, else ``未命名``; in English blocks ``Character:`` / ``User:`` and
+    ``unnamed``, see :mod:`injector.labels`); ``story_time`` for ``event`` / ``pov_memory`` and
     ``story_time_span`` for ``thread`` / ``synopsis`` / ``reflection`` when ``inject_story_time_label`` is on and at
     least one row has a label — then the schema columns, in schema order, that at least one row fills with a value
     other than null/missing/``""``.
@@ -35,6 +36,8 @@ from pydantic import BaseModel, ConfigDict
 from memory_recall.model.graph import NodeTypeSpec
 from memory_recall.text.normalize import cut_js
 
+from .labels import ZH, Labels
+
 __all__ = [
     "InjectionTable",
     "as_node_dict",
@@ -55,9 +58,6 @@ __all__ = [
 STORY_TIME_TYPES = frozenset({"event", "pov_memory"})
 #: Derived ``story_time_span`` column (reference §4.2).
 STORY_SPAN_TYPES = frozenset({"thread", "synopsis", "reflection"})
-#: ``owner`` cell prefixes by owner type (reference §4.2); any other owner type prints ``POV:``.
-OWNER_PREFIX = {"character": "角色", "user": "用户"}
-UNNAMED_OWNER = "未命名"
 
 
 class InjectionTable(BaseModel):
@@ -138,11 +138,12 @@ def scope_owner(node: Mapping[str, Any]) -> tuple[str, str, str]:
     )
 
 
-def owner_cell(node: Mapping[str, Any]) -> str:
-    """The derived ``owner`` value of a ``pov_memory`` row."""
+def owner_cell(node: Mapping[str, Any], labels: Labels = ZH) -> str:
+    """The derived ``owner`` value of a ``pov_memory`` row: ``<prefix>: <name>`` with ``labels``' prefix for the
+    owner type (``POV`` for any other type) and name (owner name, else id, else ``labels.unnamed_owner``)."""
     owner_type, name, oid = scope_owner(node)
-    prefix = OWNER_PREFIX.get(owner_type, "POV")
-    return f"{prefix}: {name or oid or UNNAMED_OWNER}"
+    prefix = labels.owner_prefix.get(owner_type, "POV")
+    return f"{prefix}: {name or oid or labels.unnamed_owner}"
 
 
 # --- JavaScript string conversion ---------------------------------------------------------------------------------
@@ -218,11 +219,13 @@ def build_table(
     cell_chars: int,
     story_time_labels: bool,
     heading: str = "",
+    labels: Labels = ZH,
 ) -> InjectionTable:
-    """The table of ``nodes`` (all of type ``spec.id``), rows in the given order."""
+    """The table of ``nodes`` (all of type ``spec.id``), rows in the given order; ``labels`` words the derived
+    ``owner`` cells (default: the reference's Chinese)."""
     derived: list[tuple[str, Any]] = []
     if spec.id == "pov_memory":
-        derived.append(("owner", owner_cell))
+        derived.append(("owner", lambda n: owner_cell(n, labels)))
     if story_time_labels and spec.id in STORY_TIME_TYPES and any(story_time_label(n) for n in nodes):
         derived.append(("story_time", story_time_label))
     if story_time_labels and spec.id in STORY_SPAN_TYPES and any(story_span_label(n) for n in nodes):

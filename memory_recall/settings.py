@@ -366,6 +366,10 @@ class InjectorSettings(BaseModel):
     max_chars: int = Field(default=16_000, ge=200, le=1_000_000)
     max_row_chars: int = Field(default=3_000, ge=50, le=100_000)
     cell_chars: int = Field(default=200, ge=10, le=10_000)
+    #: Language of the block's fixed labels (floor marker, POV owner prefixes, unnamed owners, legacy group
+    #: headings and user-POV note at their defaults): "zh" the reference's Chinese, "en" English, "auto" the
+    #: language of the memories printed (injector.labels).
+    language: Literal["auto", "en", "zh"] = "auto"
 
 
 class ControllerSettings(BaseModel):

@@ -41,9 +41,10 @@ character to it for sure but structurally (every turn of a speaker gets one), so
 
 **Mentions.** :func:`~memory_recall.ingest.names.detect_names` runs on the summary (captions included) with
 the known names: every speaker name, the first word of a multi-word speaker name when no other speaker shares
-it, and entity names that contain non-Latin characters (CJK has no capitals, so a name once quoted is found
-unquoted afterwards). Latin entity names are not passed as known names: their capitalised occurrences are
-found anyway, and case-insensitive matching of learned words (``"Perfect"``, ``Art``) would turn every
+it, entity names that contain non-Latin characters (CJK has no capitals, so a name once quoted is found
+unquoted afterwards), and the Han names the batch repeats (:func:`~memory_recall.ingest.names.recurring_names`).
+Latin entity names are not passed as known names: their capitalised occurrences are found anyway, and
+case-insensitive matching of learned words (``"Perfect"``, ``Art``) would turn every
 lower-case use into a mention. A mention of a speaker (full name, or unique first name) links to the
 character; any other name to an ``entity`` node ``ent:<key>`` with ``fields = {name, kind, aliases}``
 (``kind`` ``"name"`` or ``"quoted"`` as first seen, ``aliases`` other spellings seen, at most 8). One edge
@@ -53,8 +54,10 @@ mention of its own speaker adds nothing (``involved_in`` links them already). Wh
 unique first name) is an existing entity, the entity is taken over: its mention edges move to the character
 and the entity is archived, so ingesting one message at a time ends in the same active graph as one batch.
 Limits (no model): a name is only linked once the detector can see it, so a CJK name mentioned before its
-speaker's first turn is found by a batch (which knows all its speakers first) but not by one-by-one ingestion;
-nicknames (``Mel`` for ``Melanie``) become entities of their own.
+speaker's first turn is found by a batch (which knows all its speakers first) but not by one-by-one ingestion,
+and a Han name that nothing but repetition reveals (露西亚, 钟楼: no title, role word or quotes) is found when
+one batch repeats it (the host's whole-chat sync), not message by message; nicknames (``Mel`` for ``Melanie``)
+become entities of their own.
 
 **Ids.** ``key`` = NFKC casefolded name, whitespace collapsed; characters that are not letters or digits
 become ``-``; when that changed anything (or the key had to be cut so the node id stays ≤ 100 characters,
@@ -100,7 +103,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from memory_recall.errors import InputError, NotFound
-from memory_recall.ingest.names import KnownNames, detect_names, fold_name
+from memory_recall.ingest.names import KnownNames, detect_names, fold_name, recurring_names
 from memory_recall.model.chat import ChatMessage
 from memory_recall.model.graph import Edge, MemoryScope, Node, StoryTime, StoryTimeSpan
 
@@ -600,6 +603,10 @@ def _plan_upserts(p: _Planner, messages: list[ChatMessage]) -> None:
         full_name = names_by_key.get(firsts[first], firsts[first])
         known.add(full_name.split(" ")[0])
     for name in p.entities_non_latin:
+        known.add(name)
+    # Han names the batch keeps repeating (no capitals to find them by); once they are entities, later one-message
+    # ingests know them as non-Latin entity names.
+    for name in recurring_names(_summary(m) for m in messages):
         known.add(name)
 
     persona_floor = None

@@ -180,8 +180,10 @@ class TestBlockBudget:
         for i, line in enumerate(lines):
             if line.endswith("_table:"):
                 assert lines[i + 3].startswith("| ") and lines[i + 3].endswith(" |")
-        # The user-POV note never outlives its section.
-        assert ("这些是用户/玩家侧主观记忆" in text) == ("[Memory - User POV / Not Character Facts]" in text)
+        # The user-POV note (English: the memories are Latin text) never outlives its section.
+        assert ("These are the user's (player's) subjective memories" in text) == (
+            "[Memory - User POV / Not Character Facts]" in text)
+        assert "这些是用户/玩家侧主观记忆" not in text
 
     def test_summary_kept_longest(self):
         inj = budgeted(200)

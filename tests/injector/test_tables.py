@@ -6,6 +6,7 @@ import pytest
 from injector_helpers import char_pov, node, user_pov
 
 from injector import render_parts
+from injector.labels import EN
 from injector.tables import build_table, format_cell, js_number, js_string, table_lines
 from memory_recall.model.graph import DEFAULT_SCHEMA, MemoryScope
 from memory_recall.settings import InjectorSettings
@@ -112,6 +113,12 @@ class TestDerivedColumns:
                                  node("u", "pov_memory", scope=user_pov("Me"), summary="S"), other, nameless, idonly])
         assert [r[0] for r in t.rows] == ["角色: Ann", "用户: Me", "POV: zed", "用户: 未命名", "角色: c-1"]
         assert t.columns == ["owner", "summary"]
+        english = build_table(SPEC["pov_memory"], [node("c", "pov_memory", scope=char_pov("Ann"), summary="S"),
+                                                    node("u", "pov_memory", scope=user_pov("Me"), summary="S"),
+                                                    other, nameless, idonly],
+                              cell_chars=200, story_time_labels=True, labels=EN)
+        assert [r[0] for r in english.rows] == ["Character: Ann", "User: Me", "POV: zed", "User: unnamed",
+                                                "Character: c-1"]
 
     def test_story_time_only_when_a_row_has_one(self):
         a = node("a", "event", time="Dawn", tense="past", summary="A")
