@@ -8,6 +8,11 @@ ready-to-inject prompt blocks. Usage::
     settings = load_settings()                 # profile defaults < TOML < environment < overrides
 """
 
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from memory_recall.errors import (
     ConfigError,
     EmbeddingUnavailable,
@@ -19,8 +24,18 @@ from memory_recall.errors import (
     StoreError,
     StrictModeViolation,
 )
-from memory_recall.settings import RecallSettings, load_settings
-from memory_recall.store import Store
+
+if TYPE_CHECKING:
+    from memory_recall.settings import RecallSettings, load_settings
+    from memory_recall.store import Store
+
+# Loaded on first use (PEP 562): importing any submodule runs this file, and the settings and the store pull in
+# pydantic, numpy and scipy (0.5 s), which `memory-recall --version` and `--help` must not pay for.
+_LAZY = {
+    "RecallSettings": "memory_recall.settings",
+    "load_settings": "memory_recall.settings",
+    "Store": "memory_recall.store",
+}
 
 __all__ = [
     "ConfigError",
@@ -36,3 +51,16 @@ __all__ = [
     "StrictModeViolation",
     "load_settings",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memory_recall' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

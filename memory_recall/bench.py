@@ -652,15 +652,23 @@ def _table(results: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point (see the module docstring); returns the exit code."""
-    parser = argparse.ArgumentParser(prog="memory-recall bench", description="Recall benchmark (issue 8).")
-    parser.add_argument("--sizes", default="1000,10000,100000", help="comma-separated node counts")
-    parser.add_argument("--repeat", type=int, default=5, help="passes over the 20 queries per size")
+    """Command line entry point (see the module docstring); returns the exit code. A bad argument is one line on
+    stderr (exit 2); a bad ``--out`` raises :class:`~memory_recall.errors.InputError` before anything runs."""
+    from memory_recall.cli_common import OneLineParser, int_in_range, int_list
+    from memory_recall.errors import InputError
+
+    parser = OneLineParser(prog="memory-recall bench", description="Recall benchmark (issue 8).")
+    # At least 10 nodes: the generator needs a few of each type (2 nodes fail in write_graph).
+    parser.add_argument("--sizes", type=int_list(10, 10_000_000), default=(1000, 10000, 100000),
+                        help="comma-separated node counts, each at least 10 (default 1000,10000,100000)")
+    parser.add_argument("--repeat", type=int_in_range(1, 10_000), default=5, help="passes over the 20 queries per size")
     parser.add_argument("--out", default="bench.json", help="JSON output path")
     parser.add_argument("--profile", default="", help="write a pyinstrument text profile of the timed recalls")
     parser.add_argument("--store-dir", default="", help="keep the generated stores here and reuse them next time")
-    parser.add_argument("--first", type=int, default=5, help="first recalls on a fresh snapshot per size")
-    parser.add_argument("--service", type=int, default=20, help="recalls through the controller per size")
+    parser.add_argument("--first", type=int_in_range(0, 10_000), default=5,
+                        help="first recalls on a fresh snapshot per size")
+    parser.add_argument("--service", type=int_in_range(0, 10_000), default=20,
+                        help="recalls through the controller per size")
     parser.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)  # worker mode: one size
     parser.add_argument("--write", type=int, default=0, help=argparse.SUPPRESS)  # writer mode: one graph
     parser.add_argument("--db", default="", help=argparse.SUPPRESS)
@@ -673,7 +681,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dump(bench_size(args.one, repeat=args.repeat, profile=args.profile, store_dir=args.store_dir,
                              first=args.first, service=args.service), sys.stdout)
         return 0
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        what = "is a directory" if out.is_dir() else f"has no directory {str(out.parent)!r}"
+        raise InputError("--out", f"{args.out} {what}; name a file in an existing directory")
+    sizes = list(args.sizes)
     results = []
     for n in sizes:
         cmd = [sys.executable, "-m", "memory_recall.bench", "--one", str(n), "--repeat", str(args.repeat),
@@ -689,7 +701,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return proc.returncode
         results.append(json.loads(proc.stdout))
         print(f"# {n} nodes done in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    try:
+        out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise InputError("--out", f"cannot write {args.out}: {exc.strerror or exc}") from None
     print(_table(results))
     return 0
 

@@ -2,8 +2,9 @@
 
 The demo chat ships inside the package (``memory_recall/data/demo_chat.json``), so the command works on a fresh
 install with no files of its own. It is ingested with the same message rules users run, embedded with the
-default embedder (the packaged local model when the ``local`` extra is installed), and, once the retrieve
-pipeline is available, recalled for the chat's last user turn.
+default embedder (the packaged local model when the ``local`` extra is installed), and recalled for the chat's
+last user turn. The recall is read-only (no access reinforcement), so running the demo again prints the same
+memories; the ingest of an unchanged chat writes nothing either.
 """
 
 from __future__ import annotations
@@ -16,6 +17,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from memory_recall.cli_common import (
+    Column,
+    by_score,
+    cli_recall,
+    command_settings,
+    embed_summary,
+    format_table,
+    ingest_chats,
+    open_store,
+    terminal_bars,
+)
 from memory_recall.errors import InputError
 from memory_recall.model.chat import ChatMessage
 from memory_recall.model.graph import first_validation_error
@@ -40,51 +52,55 @@ def load_demo_chat() -> tuple[str, list[ChatMessage]]:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Ingest (and embed) the demo chat into the store, then report; returns the exit status."""
-    from memory_recall.cli import _embed, _open_store, _run_recall
-    from memory_recall.ingest.messages import ingest_messages
+    """Ingest (and embed) the demo chat into the store, then recall for its last user turn (read-only: the recall
+    writes nothing, so a second run prints the same memories); returns the exit status.
 
+    ``args``: ``data_dir``, ``config`` (or ``settings``, already loaded), ``quiet``, ``no_embed``.
+    """
+    settings = command_settings(args)
     title, messages = load_demo_chat()
     users = [m for m in messages if m.role == "user"]
     if not users:
         raise InputError("demo_chat.messages", "the demo chat has no user message")
-    store = _open_store(args)
+    bars = terminal_bars(args.quiet)
+    # The chat up to (not including) its last user turn: that turn is what recall answers.
+    history = [m for m in messages if m.floor < users[-1].floor]
+    store = open_store(args.data_dir, settings)
     try:
-        started = time.perf_counter()
-        # The chat up to (not including) its last user turn: that turn is what recall answers.
-        history = [m for m in messages if m.floor < users[-1].floor]
-        report = ingest_messages(store, DEMO_CHAT_ID, history, now_ms=int(time.time() * 1000))
-        took = time.perf_counter() - started
+        (done,) = ingest_chats(store, [(DEMO_CHAT_ID, history)], now_ms=int(time.time() * 1000), bars=bars)
         stats = store.stats(DEMO_CHAT_ID)
         print(f"demo chat: {title!r}, {len(messages)} messages ({len(history)} before the last user turn)")
         print(
             f"ingested into chat {DEMO_CHAT_ID!r}: {stats['node_count']} nodes, {stats['edge_count']} edges "
-            f"(+{report.nodes_added} nodes this run, {took * 1000:.0f} ms)"
+            f"(+{done.report.nodes_added} nodes this run, {done.seconds * 1000:.0f} ms)"
         )
         by_type = stats.get("nodes_by_type", {})
         if by_type:
             print("nodes by type: " + ", ".join(f"{t} {c}" for t, c in sorted(by_type.items())))
-        print(_embed(store, DEMO_CHAT_ID, args))
+        print(embed_summary(store, DEMO_CHAT_ID, settings, skip=args.no_embed, bars=bars))
     finally:
         store.close()
     last = users[-1]
     earlier = [m for m in history if m.role != "system"][-4:]
     print(f"\nrecall for the last user turn (floor {last.floor}): {last.text}")
-    recall_args = argparse.Namespace(**vars(args))
-    recall_args.chat = DEMO_CHAT_ID
-    recall_args.input = last.text
-    recall_args.recent = [f"[{m.role}]: {m.text}" for m in earlier]
-    recall_args.region = None
-    recall_args.owner = None
-    response = _run_recall(recall_args)
+    response = cli_recall(
+        args.data_dir, settings, chat_id=DEMO_CHAT_ID, text=last.text,
+        recent=[f"[{m.role}]: {m.text}" for m in earlier],
+    )
     status = response.retrieval_status + (f" ({response.failure_category})" if response.failure_category else "")
-    print(f"{len(response.selected)} memories selected, retrieval {status}\n")
-    print(f"{'#':>3} {'score':>7}  {'memory':<14} why (largest parts of the score)")
-    for mem in response.selected:
-        parts = sorted(mem["explanation"]["parts"], key=lambda p: -p["contribution"])[:2]
+    print(f"{len(response.selected)} memories selected, retrieval {status}; by score, highest first "
+          "(order: position in the selection)\n")
+    rows = []
+    for mem in by_score(response.selected):
+        parts = sorted(mem["explanation"]["parts"], key=lambda p: (-p["contribution"], p["name"]))[:2]
         why = ", ".join(f"{p['name']} {p['contribution']:.3f}" for p in parts if p["contribution"] > 0)
-        text = str(mem["label"]).replace("\n", " ")
-        print(f"{mem['rank']:>3} {mem['score']:>7.4f}  {mem['node_id']:<14} {why or mem['origin']}  | {text[:70]}")
+        rows.append((f"{mem['score']:.4f}", mem["rank"], mem["node_id"], why or mem["origin"], mem["label"]))
+    columns = (
+        Column("score", ">"), Column("order", ">"), Column("memory", max_width=32),
+        Column("why (largest parts of the score)", max_width=40), Column("text", max_width=70),
+    )
+    for line in format_table(columns, rows):
+        print(line)
     if response.injection_text:
         print("\ninjection block:\n" + response.injection_text)
     return 0

@@ -1,7 +1,9 @@
 """All settings of memory-recall: one :class:`RecallSettings` with a frozen section per concern and per stage.
 
-Load order (later wins): defaults of the chosen profile < TOML file < environment (``MEMORY_RECALL_`` prefix,
-``__`` between section and key, e.g. ``MEMORY_RECALL_DIFFUSION__DECAY=0.5``) < explicit overrides. Two
+Load order (later wins, key by key): defaults of the chosen profile < TOML file < environment (``MEMORY_RECALL_``
+prefix, ``__`` between section and key, e.g. ``MEMORY_RECALL_DIFFUSION__DECAY=0.5``) < explicit overrides (command
+options, :func:`load_settings` ``overrides``). The profile itself: the ``profile`` argument, else
+``MEMORY_RECALL_PROFILE``, else the file's ``profile``, else ``"app"``. Two
 profiles reproduce the reference's two default columns (stbme-reference §5.1): ``"app"`` (what a normal recall
 uses) and ``"fallback"`` (what ``retrieve()`` uses when an option is absent); ``"transcript"`` is tuned for
 long raw chat transcripts (LoCoMo, issue 7).
@@ -12,13 +14,21 @@ which validates them and returns a new object; settings are never mutated.
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from memory_recall.errors import ConfigError
 
@@ -490,15 +500,39 @@ class RecallSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Explicit values (profile + TOML + overrides, merged by load_settings) beat the environment.
+        # Explicit values beat the environment: load_settings passes the file and the environment already merged
+        # (the environment over the file) with its overrides on top, and with_overrides passes whole settings.
         return (init_settings, env_settings)
 
-    def with_overrides(self, overrides: dict[str, Any] | None) -> RecallSettings:
-        """A validated copy with ``{"section": {"key": value}}`` overrides applied; raises ConfigError."""
+    def with_overrides(self, overrides: dict[str, Any] | None, *, strict: bool = False) -> RecallSettings:
+        """A validated copy with ``{"section": {"key": value}}`` overrides applied; raises ConfigError.
+
+        ``strict``: the overrides are JSON values taken as they are (a request body's): ``"3"`` or ``true`` is
+        no number, a number no string; without it pydantic's lax conversions apply (TOML, environment).
+        """
         if not overrides:
             return self
+        if strict:
+            _check_strict(self, overrides)
         merged = _deep_merge(self.model_dump(), overrides)
         return _validate(merged, "overrides")
+
+
+def _check_strict(settings: RecallSettings, overrides: dict[str, Any]) -> None:
+    """Validate each overridden section as JSON in strict mode (BaseSettings itself ignores ``strict``)."""
+    base = settings.model_dump(mode="json")
+    for name, value in overrides.items():
+        field = RecallSettings.model_fields.get(name)
+        section = field.annotation if field is not None else None
+        if not (isinstance(section, type) and issubclass(section, BaseModel)) or not isinstance(value, dict):
+            continue  # not a section: the lax validation below names the problem
+        try:
+            # JSON mode: an array is a tuple there, as in a request body; strict: no other conversion.
+            section.model_validate_json(json.dumps(_deep_merge(base[name], value)), strict=True)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in (name, *err.get("loc", ())))
+            raise ConfigError(str(err.get("msg", "invalid value")), field=f"overrides: {loc}") from None
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -527,7 +561,17 @@ def load_settings(
     overrides: dict[str, Any] | None = None,
 ) -> RecallSettings:
     """Settings from profile defaults, an optional TOML file (``MEMORY_RECALL_CONFIG`` when not given), the
-    environment, then ``overrides``. Raises :class:`ConfigError` naming the offending key."""
+    environment, then ``overrides``, each later one winning key by key (a variable beats the file's value of its
+    key, and only that key). The profile: ``profile``, else ``MEMORY_RECALL_PROFILE``, else the file's
+    ``profile``, else ``"app"``. Raises :class:`ConfigError` naming the offending key, or the environment
+    variable when the value came from one (``MEMORY_RECALL_DIFFUSION__DECAY: Input should be …``).
+
+    Every ``MEMORY_RECALL_*`` variable must be known: a setting (``MEMORY_RECALL_<SECTION>__<KEY>`` or a whole
+    section as JSON, ``MEMORY_RECALL_<SECTION>``), one read outside the model (``MEMORY_RECALL_DATA_DIR``,
+    ``MEMORY_RECALL_CONFIG``, the API key variables named by ``embedding.api_key_env`` / ``llm.api_key_env``), or
+    one of the test suite (``MEMORY_RECALL_E2E*``, ``MEMORY_RECALL_TEST*``, ``MEMORY_RECALL_URL``,
+    ``MEMORY_RECALL_FUZZ_EXAMPLES``); a misspelt one is a ConfigError naming it, not silently ignored.
+    """
     path = toml_path or os.environ.get("MEMORY_RECALL_CONFIG") or None
     file_data: dict[str, Any] = {}
     if path:
@@ -536,20 +580,46 @@ def load_settings(
             file_data = tomllib.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError("file not found", field=str(p)) from None
+        except IsADirectoryError:
+            raise ConfigError("is a directory, not a TOML file", field=str(p)) from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read file: {exc.strerror or exc}", field=str(p)) from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"not UTF-8 text: {exc.reason} at byte {exc.start}", field=str(p)) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"invalid TOML: {exc}", field=str(p)) from None
-    chosen = profile or file_data.get("profile") or os.environ.get("MEMORY_RECALL_PROFILE") or "app"
-    if chosen not in _PROFILES:
-        raise ConfigError(f"unknown profile {chosen!r}; expected one of {', '.join(_PROFILES)}", field="profile")
+    env = _environment()
+    _check_environment(env, _deep_merge(file_data, overrides or {}))
+    try:
+        # The environment's values as pydantic-settings reads them (nested by "__", complex values as JSON).
+        env_values = EnvSettingsSource(RecallSettings)()
+    except SettingsError as exc:  # _check_environment has named every non-JSON complex value already
+        raise ConfigError(str(exc), field="environment") from None
+    env_values.pop("profile", None)
+    explicit = _deep_merge(_deep_merge(file_data, env_values), overrides or {})
+    env_profile = env.get("MEMORY_RECALL_PROFILE")
+    chosen = profile or (env_profile[1] if env_profile else "") or file_data.get("profile") or "app"
+    if not isinstance(chosen, str) or chosen not in _PROFILES:
+        origin = env_profile[0] if env_profile and not profile else "profile"
+        raise ConfigError(f"unknown profile {chosen!r}; expected one of {', '.join(_PROFILES)}", field=origin)
     # Profile defaults go under the environment: only keys the user set (TOML, overrides) are passed explicitly.
-    explicit = _deep_merge(file_data, overrides or {})
     explicit["profile"] = chosen
     try:
         from_env = RecallSettings(**explicit)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        raise ConfigError(str(err.get("msg", "invalid value")), field=loc or "settings") from None
+        loc = tuple(str(p) for p in err.get("loc", ()))
+        dotted = ".".join(loc)
+        variable = _variable_of(loc, overrides or {}, env)
+        if variable is not None:
+            given = err.get("input")
+            reason = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+            if err.get("type") == "extra_forbidden":
+                reason = "unknown setting"
+            raise ConfigError(f"{reason} (setting {dotted}; got {given!r})", field=variable) from None
+        raise ConfigError(str(err.get("msg", "invalid value")), field=dotted or "settings") from None
+    except SettingsError as exc:  # a complex value (list, section) that is not JSON: _check_environment names it
+        raise ConfigError(str(exc), field="environment") from None
     # Apply profile values only where neither the environment nor explicit values set the key.
     profile_values = _PROFILES[chosen]
     if not profile_values:
@@ -571,3 +641,124 @@ def _explicitly_set(explicit: dict[str, Any], section: str, key: str) -> bool:
 def _env_set(section: str, key: str) -> bool:
     name = f"MEMORY_RECALL_{section}__{key}".upper()
     return any(k.upper() == name for k in os.environ)
+
+
+_ENV_PREFIX = "MEMORY_RECALL_"
+#: ``MEMORY_RECALL_*`` variables read outside the settings model: the data directory and the settings file
+#: (README "Using it"), and the test suite's (tests/clients, tests/service/test_service_fuzz.py, tests/e2e, .ci).
+_ENV_OUTSIDE_MODEL = frozenset({
+    "MEMORY_RECALL_DATA_DIR", "MEMORY_RECALL_CONFIG", "MEMORY_RECALL_URL", "MEMORY_RECALL_FUZZ_EXAMPLES",
+})
+_ENV_TEST_PREFIXES = ("MEMORY_RECALL_E2E", "MEMORY_RECALL_TEST")
+
+
+def _environment() -> dict[str, tuple[str, str]]:
+    """``MEMORY_RECALL_*`` variables by upper-case name → (name as set, value); pydantic-settings reads them
+    case-insensitively, so ``memory_recall_diffusion__decay`` counts too."""
+    return {k.upper(): (k, v) for k, v in os.environ.items() if k.upper().startswith(_ENV_PREFIX)}
+
+
+def _setting_variables() -> dict[str, tuple[str, ...]]:
+    """Every variable name the settings model reads (upper case) → its settings path: each field, and each
+    section (nested models included) as a whole."""
+    names: dict[str, tuple[str, ...]] = {}
+
+    def walk(model: type[BaseModel], path: tuple[str, ...]) -> None:
+        for name, info in model.model_fields.items():
+            here = (*path, name)
+            names[_ENV_PREFIX + "__".join(here).upper()] = here
+            if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+                walk(info.annotation, here)
+
+    walk(RecallSettings, ())
+    return names
+
+
+def _key_variables(explicit: dict[str, Any], env: dict[str, tuple[str, str]]) -> set[str]:
+    """The API key variables the settings name (``embedding.api_key_env``, ``llm.api_key_env``), upper case."""
+    out: set[str] = set()
+    for section, model in (("embedding", EmbeddingSettings), ("llm", LLMSettings)):
+        value: Any = model.model_fields["api_key_env"].default
+        whole = env.get(f"{_ENV_PREFIX}{section.upper()}")
+        if whole is not None:
+            try:
+                parsed = json.loads(whole[1])
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict) and isinstance(parsed.get("api_key_env"), str):
+                value = parsed["api_key_env"]
+        single = env.get(f"{_ENV_PREFIX}{section.upper()}__API_KEY_ENV")
+        if single is not None:
+            value = single[1]
+        given = explicit.get(section)
+        if isinstance(given, dict) and isinstance(given.get("api_key_env"), str):
+            value = given["api_key_env"]
+        out.add(str(value).upper())
+    return out
+
+
+def _is_complex(annotation: Any) -> bool:
+    """Whether pydantic-settings reads the field's variable as JSON (models and collections)."""
+    from typing import get_origin
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return get_origin(annotation) in (tuple, list, set, frozenset, dict) or annotation in (tuple, list, set, dict)
+
+
+def _check_environment(env: dict[str, tuple[str, str]], explicit: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` naming the first unknown ``MEMORY_RECALL_*`` variable (with the closest known
+    name), or the first variable of a list or section value that is not JSON."""
+    import difflib
+
+    settings_vars = _setting_variables()
+    known = set(settings_vars) | _ENV_OUTSIDE_MODEL | _key_variables(explicit, env)
+    for upper in sorted(env):
+        name, value = env[upper]
+        if upper in known or upper.startswith(_ENV_TEST_PREFIXES):
+            continue
+        # Compared without the shared prefix, which would make every name look close.
+        rest = {k[len(_ENV_PREFIX):]: k for k in known if k.startswith(_ENV_PREFIX)}
+        close = difflib.get_close_matches(upper[len(_ENV_PREFIX):], sorted(rest), n=1, cutoff=0.85)
+        hint = f"; did you mean {rest[close[0]]}?" if close else " (no such settings section or key)"
+        raise ConfigError(f"unknown setting{hint}", field=name)
+    for upper in sorted(env):
+        path = settings_vars.get(upper)
+        if path is None:
+            continue
+        model: Any = RecallSettings
+        for part in path[:-1]:
+            model = model.model_fields[part].annotation
+        annotation = model.model_fields[path[-1]].annotation
+        name, value = env[upper]
+        if _is_complex(annotation):
+            try:
+                json.loads(value)
+            except ValueError:
+                what = "an object" if isinstance(annotation, type) and issubclass(annotation, BaseModel) else "a list"
+                raise ConfigError(
+                    f"must be JSON ({what}, e.g. {_json_example(annotation)}); got {value!r}", field=name
+                ) from None
+
+
+def _json_example(annotation: Any) -> str:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "'{\"key\": 1}'"
+    return "'[\"a\", \"b\"]'"
+
+
+def _variable_of(loc: tuple[str, ...], overrides: dict[str, Any], env: dict[str, tuple[str, str]]) -> str | None:
+    """The environment variable (as set) the value at settings path ``loc`` came from; ``None`` when it came from
+    the overrides (they beat the environment) or from no variable (the TOML file, which the environment beats)."""
+    node: Any = overrides
+    for part in loc:
+        if not isinstance(node, dict) or part not in node:
+            break
+        node = node[part]
+    else:
+        return None  # the whole path is set explicitly
+    for depth in range(len(loc), 0, -1):
+        found = env.get(_ENV_PREFIX + "__".join(loc[:depth]).upper())
+        if found is not None:
+            return found[0]
+    return None

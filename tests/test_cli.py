@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memory_recall.cli import main
+from memory_recall.cli import VERSION_NOTE, main
 from memory_recall.ingest.stbme import import_stbme
 from memory_recall.store import Store
 
@@ -77,8 +77,13 @@ class TestImportExport:
         run(capsys, "import", str(graph_file), "--chat", "a-chat", "--data-dir", str(tmp_path), "--no-embed")
         code, out, _ = run(capsys, "stats", "--data-dir", str(tmp_path))
         lines = out.splitlines()
-        assert code == 0 and lines[0].split() == ["chat", "version", "nodes", "edges"]
-        assert [line.split()[0] for line in lines[1:]] == ["a-chat", "b-chat"]
+        assert code == 0 and lines[0].split() == ["chat", "nodes", "edges", "last", "write", "(UTC)", "version"]
+        assert [line.split()[0] for line in lines[1:3]] == ["a-chat", "b-chat"]
+        with Store.open(tmp_path) as store:
+            versions = [str(store.chat_version(c)) for c in ("a-chat", "b-chat")]
+        assert [line.split()[-1] for line in lines[1:3]] == versions
+        # The version is the store's clock, not a per-chat count: the output says so.
+        assert lines[3] == VERSION_NOTE and len(lines) == 4
 
 
 class TestErrors:
@@ -118,7 +123,9 @@ def test_demo_console_script(tmp_path: Path) -> None:
     assert lines[0] == "demo chat: 'The Verity Locket at Thornwick Manor', 30 messages (28 before the last user turn)"
     assert lines[1].startswith("ingested into chat 'demo': ")
     assert "recall for the last user turn (floor 28): *I keep my face still.*" in proc.stdout
-    selected = [line.split()[2] for line in lines if line[:3].strip().isdigit() and " | " in line]
+    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["score", "order", "memory"])
+    rows = lines[header + 1 : lines.index("", header)]
+    selected = [line.split()[2] for line in rows]
     # Memories of the chat before the recalled turn only, at most max_recall_nodes (12) of them.
     assert 0 < len(selected) <= 12 and "msg:28" not in selected and "msg:29" not in selected
 
@@ -146,10 +153,12 @@ class TestRecallCommands:
         )
         lines = out.splitlines()
         assert code == 0 and lines[0].split()[:4] == ["stage", "ms", "in", "out"]
-        stages = [line.split()[0] for line in lines[1:] if line and not line.startswith(("#", " "))]
+        stages = [line.split()[0] for line in lines[1 : lines.index("")]]
         assert stages[:3] == ["context", "visibility", "query_plan"]
+        # Highest printed score first, ties by node id.
+        best = min(response["selected"], key=lambda m: (-float(f"{m['score']:.4f}"), m["node_id"]))
         first = next(line for line in lines if line.startswith("#1 "))
-        assert first.startswith(f"#1 {ids[0]} ")
+        assert first.startswith(f"#1 {best['node_id']} (")
 
     def test_serve_refuses_public_bind_without_token(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -182,3 +191,38 @@ def test_providers_check_reports_each_provider(tmp_path: Path, capsys: pytest.Ca
     assert lines[0].split()[:4] == ["embedding", "local", "ok", "local:multilingual-e5-small-q4"]
     assert lines[0].endswith("384 dimensions")
     assert lines[1].split()[:4] == ["llm", "none", "not", "configured"]
+
+
+class TestServeTokenFile:
+    """``serve --token-file``: the token from a file (the served token itself: tests/service/test_service_safety.py)."""
+
+    @pytest.mark.parametrize(("text", "problem"), [("", "is empty"), ("\n", "is empty"),
+                                                   ("a\nb\n", "holds more than one line")])
+    def test_unusable_token_file_is_one_line(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, problem: str
+    ) -> None:
+        token = tmp_path / "token"
+        token.write_text(text, encoding="utf-8")
+        code, out, err = run(capsys, "serve", "--host", "0.0.0.0", "--port", "0", "--token-file", str(token),
+                             "--data-dir", str(tmp_path / "data"))
+        assert (code, out) == (2, "")
+        assert err == f"error: service.token_file: the token file {str(token)!r} {problem}\n"
+        assert not (tmp_path / "data").exists()  # refused before the store is opened
+
+    def test_missing_token_file(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        missing = tmp_path / "none"
+        code, _, err = run(capsys, "serve", "--token-file", str(missing), "--data-dir", str(tmp_path))
+        assert code == 2
+        assert err == (f"error: service.token_file: cannot read the token file {str(missing)!r}: "
+                       "No such file or directory\n")
+
+    def test_token_and_token_file_exclude_each_other(self, capsys: pytest.CaptureFixture[str]) -> None:
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", "--token", "x", "--token-file", "y"])
+        assert exit_.value.code == 2
+        assert "argument --token-file: not allowed with argument --token" in capsys.readouterr().err
+
+    def test_help_says_token_is_visible_in_ps(self, capsys: pytest.CaptureFixture[str]) -> None:
+        with pytest.raises(SystemExit):
+            main(["serve", "--help"])
+        assert "visible to every user in ps" in " ".join(capsys.readouterr().out.split())

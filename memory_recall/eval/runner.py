@@ -37,11 +37,14 @@ Outputs in ``--out`` (default ``eval-out``): ``metrics.json`` (the shape of issu
 ``report.md`` and ``recall_at_k.png``.
 
 Fixtures protocol (``eval fixtures``)
-    Each ``fixtures/chats/<name>/graph.json`` is imported with :func:`~memory_recall.ingest.stbme.import_stbme`
-    into chat ``fixture-<name>``, embedded, and every question of ``questions.json`` is recalled with its
+    Each ``<root>/<name>/graph.json`` (``--root``, default ``fixtures/chats`` of the current directory) is imported
+    with :func:`~memory_recall.ingest.stbme.import_stbme` into chat ``fixture-<name>`` of a temporary store
+    (removed afterwards; ``--data-dir`` names a store to use instead), embedded, and every question of
+    ``questions.json`` is recalled with its
     ``recent`` lines, ``active_region`` and ``active_owners``; ``now`` = the newest node time + 1 minute.
     Units are all node ids. Metrics: recall@k of ``expected``, and the must-not leak rate@k (fraction of
-    questions with a ``must_not`` id among the top k).
+    questions with a ``must_not`` id among the top k). The summary is printed; ``metrics.json``,
+    ``details.json`` and ``report.md`` are written only into ``--out`` when it is given.
 """
 
 from __future__ import annotations
@@ -200,17 +203,20 @@ def _units(ranked_nodes: Iterable[str], unit_of: Mapping[str, str], depth: int) 
 
 
 def _progress(total: int, quiet: bool, desc: str) -> Any:
-    from tqdm import tqdm
+    from memory_recall.cli_common import terminal_bars
 
-    return tqdm(total=total, desc=desc, unit="q", disable=quiet, file=sys.stderr, leave=False)
+    return terminal_bars(quiet)(desc, total, "q")
 
 
-def _prepare_chat(store: Any, chat_id: str, embedder: Any, now_ms: int, unit_type: str | None) -> EvalChat:
-    from memory_recall.providers.cache import embed_missing
+def _prepare_chat(
+    store: Any, chat_id: str, embedder: Any, now_ms: int, unit_type: str | None, quiet: bool = True
+) -> EvalChat:
+    from memory_recall.cli_common import EMBED_CHUNK, embed_chat, terminal_bars
     from memory_recall.store.snapshot import build_snapshot
 
     if embedder is not None:
-        embed_missing(store, chat_id, embedder)
+        # Embedding a LoCoMo conversation takes minutes: its own bar (nodes, committed chunk by chunk).
+        embed_chat(store, chat_id, embedder, bars=terminal_bars(quiet), chunk=EMBED_CHUNK)
     model_id = embedder.model_id if embedder is not None else ""
     snap = build_snapshot(store.snapshot_source(chat_id, model_id), now_ms=now_ms)
     unit_of: dict[str, str] = {}
@@ -368,12 +374,14 @@ def run_locomo(
 
     ks = _check_ks(ks)
     _check_ablate(ablate)
+    conversations = load_locomo(path)  # a missing or bad file fails before anything is created
+    out_dir = _out_dir(out)
     base = settings or RecallSettings()
     eval_settings = base.with_overrides(eval_overrides(_depth(ks), base))
     if embedder == "default":
         embedder = _default_embedder(base)
-    conversations = load_locomo(path)
-    store = Store.open(default_data_dir(data_dir))
+    # Like every command: --data-dir, else the settings' store.data_dir, else the default data directory.
+    store = Store.open(default_data_dir(data_dir or base.store.data_dir or None))
     try:
         chats: dict[str, EvalChat] = {}
         questions: list[EvalQuestion] = []
@@ -385,7 +393,7 @@ def run_locomo(
             now_ms = max((d for d in dates if d is not None), default=0) or int(time.time() * 1000)
             chat_id = conv.sample_id
             ingest_messages(store, chat_id, conv.messages, now_ms=now_ms)
-            chats[chat_id] = _prepare_chat(store, chat_id, embedder, now_ms, "message")
+            chats[chat_id] = _prepare_chat(store, chat_id, embedder, now_ms, "message", quiet)
             recent = _context_lines(conv.messages, base.query_plan.recent_context_messages) if context else ()
             # The controller path gets the final session's turns (it keeps controller.recent_context_messages of
             # them as context lines) and the question as the next user floor.
@@ -430,7 +438,7 @@ def run_locomo(
             name: latency_without_embedding(rows) for name, rows in outcomes.items()
         },
     }
-    _write_outputs(Path(out), metrics, details, outcomes, questions)
+    _write_outputs(out_dir, metrics, details, outcomes, questions)
     return metrics
 
 
@@ -443,56 +451,85 @@ def run_fixtures(
     root: str | Path = "fixtures/chats",
     *,
     ks: Sequence[int] = DEFAULT_KS,
-    out: str | Path = "eval-fixtures",
+    out: str | Path | None = None,
     data_dir: str | Path | None = None,
     settings: RecallSettings | None = None,
     embedder: Any = "default",
     recall_fn: RecallFn | None = pipeline_recall,
     quiet: bool = False,
 ) -> dict[str, Any]:
-    """Run the fixture evaluation (see the module docstring); writes ``metrics.json`` and ``report.md``."""
+    """Run the fixture evaluation (see the module docstring) and return ``metrics.json``'s content.
+
+    The chats go into a temporary store unless ``data_dir`` names one; ``metrics.json``, ``details.json`` and
+    ``report.md`` are written into ``out`` only when it is given (nothing is written otherwise). Raises
+    :class:`InputError` naming ``--root`` when ``root`` holds no fixture and ``--out`` when it cannot be written.
+    """
+    import tempfile
+
     from memory_recall.ingest.stbme import import_stbme
-    from memory_recall.store import Store, default_data_dir
+    from memory_recall.store import Store
 
     ks = _check_ks(ks)
+    root_dir = Path(root)
+    if not root_dir.is_dir():
+        raise InputError("--root", f"no directory {str(root_dir)!r} (run from the repository root or pass --root DIR)")
+    dirs = sorted(p for p in root_dir.iterdir() if (p / "questions.json").is_file() and (p / "graph.json").is_file())
+    if not dirs:
+        raise InputError("--root", f"no fixture with graph.json and questions.json under {str(root_dir)!r}")
+    out_dir = _out_dir(out) if out is not None else None
     base = settings or RecallSettings()
     eval_settings = base.with_overrides(eval_overrides(_depth(ks), base))
     if embedder == "default":
         embedder = _default_embedder(base)
-    dirs = sorted(p for p in Path(root).iterdir() if (p / "questions.json").is_file() and (p / "graph.json").is_file())
-    if not dirs:
-        raise InputError("root", f"no fixture with graph.json and questions.json under {root}")
-    store = Store.open(default_data_dir(data_dir))
+    with tempfile.TemporaryDirectory(prefix="memory-recall-eval-") as scratch:
+        store = Store.open(data_dir if data_dir is not None else scratch)
+        try:
+            chats, questions = _fixture_chats(store, dirs, embedder, quiet, import_stbme)
+            outcomes = _evaluate(
+                chats, questions, ks=ks, settings=eval_settings, embedder=embedder, baselines=False, ablate=(),
+                recall_fn=recall_fn, quiet=quiet,
+            )[FULL]
+        finally:
+            store.close()
+    return _fixture_metrics(questions, outcomes, ks, base, out_dir)
+
+
+def _fixture_chats(
+    store: Any, dirs: Sequence[Path], embedder: Any, quiet: bool, import_stbme: Callable[..., Any]
+) -> tuple[dict[str, EvalChat], list[EvalQuestion]]:
     chats: dict[str, EvalChat] = {}
     questions: list[EvalQuestion] = []
-    try:
-        for d in dirs:
-            chat_id = f"fixture-{d.name}"
-            graph = import_stbme(d / "graph.json", now_ms=0)
-            with store.write(chat_id) as w:
-                w.replace_graph(graph)
-            times = [n.created_time for n in graph.nodes if n.created_time]
-            now_ms = int(max(times, default=0)) + 60_000
-            chats[chat_id] = _prepare_chat(store, chat_id, embedder, now_ms, None)
-            for item in json.loads((d / "questions.json").read_text(encoding="utf-8")):
-                owners = item.get("active_owners")
-                questions.append(EvalQuestion(
-                    chat_id=chat_id,
-                    query=RecallQuery(
-                        user_message=item["input"], recent_lines=tuple(item.get("recent", ())), now_ms=now_ms,
-                        chat_id=chat_id, active_region=item.get("active_region", ""),
-                        active_owner_keys=tuple(owners) if owners else None,
-                    ),
-                    relevant=tuple(item.get("expected", ())),
-                    must_not=tuple(item.get("must_not", ())),
-                    qid=f"{d.name}/{item['id']}",
-                ))
-        outcomes = _evaluate(
-            chats, questions, ks=ks, settings=eval_settings, embedder=embedder, baselines=False, ablate=(),
-            recall_fn=recall_fn, quiet=quiet,
-        )[FULL]
-    finally:
-        store.close()
+    for d in dirs:
+        chat_id = f"fixture-{d.name}"
+        graph = import_stbme(d / "graph.json", now_ms=0)
+        with store.write(chat_id) as w:
+            w.replace_graph(graph)
+        times = [n.created_time for n in graph.nodes if n.created_time]
+        now_ms = int(max(times, default=0)) + 60_000
+        chats[chat_id] = _prepare_chat(store, chat_id, embedder, now_ms, None, quiet)
+        for item in json.loads((d / "questions.json").read_text(encoding="utf-8")):
+            owners = item.get("active_owners")
+            questions.append(EvalQuestion(
+                chat_id=chat_id,
+                query=RecallQuery(
+                    user_message=item["input"], recent_lines=tuple(item.get("recent", ())), now_ms=now_ms,
+                    chat_id=chat_id, active_region=item.get("active_region", ""),
+                    active_owner_keys=tuple(owners) if owners else None,
+                ),
+                relevant=tuple(item.get("expected", ())),
+                must_not=tuple(item.get("must_not", ())),
+                qid=f"{d.name}/{item['id']}",
+            ))
+    return chats, questions
+
+
+def _fixture_metrics(
+    questions: Sequence[EvalQuestion],
+    outcomes: Sequence[QuestionOutcome],
+    ks: Sequence[int],
+    base: RecallSettings,
+    out_dir: Path | None,
+) -> dict[str, Any]:
     system = summarise(outcomes, ks)
     system.pop("recall_excluding_adversarial")
     system.pop("recall_by_category")
@@ -517,8 +554,8 @@ def run_fixtures(
         "k": list(ks),
         "systems": {FULL: system},
     }
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir is None:
+        return metrics
     _dump(out_dir / "metrics.json", metrics)
     _dump(out_dir / "details.json", {"questions": per_question, "settings_overrides": eval_overrides(_depth(ks), base)})
     lines = [f"# memory-recall fixture evaluation ({len(questions)} questions)", ""]
@@ -542,6 +579,19 @@ def run_fixtures(
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _out_dir(out: str | Path) -> Path:
+    """The output directory, created now (before any work: a bad ``--out`` costs no run); an existing file or an
+    uncreatable directory raises :class:`InputError` naming ``--out``."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise InputError("--out", f"{str(path)!r} is a file; name a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError("--out", f"cannot create directory {str(path)!r}: {exc.strerror or exc}") from None
+    return path
+
+
 def _dump(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
@@ -555,7 +605,6 @@ def _write_outputs(
 ) -> None:
     from memory_recall.eval.report import plot_recall, render_report
 
-    out.mkdir(parents=True, exist_ok=True)
     _dump(out / "metrics.json", metrics)
     _dump(out / "details.json", details)
     with (out / "rankings.jsonl").open("w", encoding="utf-8") as fh:
@@ -605,11 +654,13 @@ def _parse_ks(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--k must be comma-separated ints, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be comma-separated ints. Got {text!r} instead.") from None
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="memory-recall eval", description="Offline recall evaluation.")
+    from memory_recall.cli_common import OneLineParser
+
+    parser = OneLineParser(prog="memory-recall eval", description="Offline recall evaluation.")
     sub = parser.add_subparsers(dest="target", required=True)
     loc = sub.add_parser("locomo", help="evidence-turn recall on a LoCoMo file")
     loc.add_argument("path")
@@ -623,15 +674,15 @@ def _parser() -> argparse.ArgumentParser:
     loc.add_argument("--data-dir", default=None, help="store directory (default: the usual data directory)")
     loc.add_argument("--config", default=None, help="settings TOML file")
     loc.add_argument("--profile", default=None, help="settings profile (app, fallback, transcript)")
-    loc.add_argument("--quiet", action="store_true")
+    loc.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     fix = sub.add_parser("fixtures", help="recall of the expected memories of fixtures/chats")
-    fix.add_argument("--root", default="fixtures/chats")
+    fix.add_argument("--root", default="fixtures/chats", help="fixture chats directory (default: fixtures/chats)")
     fix.add_argument("--k", type=_parse_ks, default=DEFAULT_KS)
-    fix.add_argument("--out", default="eval-fixtures")
-    fix.add_argument("--data-dir", default=None)
+    fix.add_argument("--out", default=None, help="write metrics.json, details.json, report.md here (default: none)")
+    fix.add_argument("--data-dir", default=None, help="store to import the fixtures into (default: a temporary one)")
     fix.add_argument("--config", default=None)
     fix.add_argument("--profile", default=None)
-    fix.add_argument("--quiet", action="store_true")
+    fix.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     return parser
 
 
@@ -667,6 +718,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     _print_summary(metrics)
-    print(f"outputs in {args.out}")
+    if args.out is not None:
+        print(f"outputs in {args.out}")
     return 0
 

@@ -107,10 +107,13 @@ def embed_missing(
     batch_size: int = 64,
     node_ids: Collection[str] | None = None,
     stop: Callable[[], bool] | None = None,
+    started: Callable[[int], None] | None = None,
 ) -> EmbedReport:
     """Embed every active node of ``chat_id`` whose vector for ``embedder.model_id`` is missing or stale.
 
-    ``progress(done, total)`` is called after each committed chunk (``total`` = nodes needing a vector).
+    ``progress(done, total)`` is called after each committed chunk (``total`` = nodes needing a vector);
+    ``started(total)`` once before the first chunk, with that same total (0 included), so a progress display can
+    show the total and time its rate from the start of the work rather than from the end of the first chunk.
     ``node_ids`` restricts the work to those nodes (a write embeds what it touched, not the chat's backlog);
     ``stop()`` is asked before each chunk and ends the run early when true (the report counts what was done).
     A chunk's vectors are written only for nodes whose text is still the text embedded, so a run may overlap
@@ -131,6 +134,8 @@ def embed_missing(
         wanted_ids = set(node_ids)
         todo = [item for item in todo if item[0] in wanted_ids]
     total = len(todo)
+    if started is not None:
+        started(total)
     from_cache = embedded = calls = done = skipped = 0
     dim = embedder.dim or None
     if todo and dim is None:

@@ -199,6 +199,13 @@ class TestShapeAndValues:
         assert second.passages == 0
 
 
+    def test_the_settings_store_is_used_without_data_dir(self, tiny: Path, tmp_path: Path) -> None:
+        settings = RecallSettings().with_overrides({"store": {"data_dir": str(tmp_path / "from-settings")}})
+        run_locomo(tiny, ks=(1,), out=tmp_path / "out", settings=settings, embedder=BagOfWords(),
+                   recall_fn=ReverseFloorRecall(), quiet=True)
+        assert (tmp_path / "from-settings" / "memory-recall.sqlite3").is_file()
+
+
 class TestRealPipeline:
     def test_shape_with_the_pipeline(self, tiny: Path, tmp_path: Path) -> None:
         metrics = run_locomo(
