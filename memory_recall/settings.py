@@ -334,7 +334,12 @@ class InjectorHeadings(BaseModel):
 
     summary: str = Field(default="[Summary - Active Frontier]", max_length=500)
     character_pov: str = Field(default="[Memory - Character POV]", max_length=500)
-    character_pov_owner: str = Field(default="[Memory - Character POV: {owner}]", max_length=500)
+    character_pov_owner: str = Field(
+        default="[Memory - Character POV: {owner}]",
+        max_length=500,
+        # The schema states the plain form of _has_owner_slot's rule (``{owner}`` at least once, braces doubled).
+        json_schema_extra={"pattern": r"^(?:[^{}]|\{\{|\}\})*\{owner\}(?:[^{}]|\{\{|\}\}|\{owner\})*$"},
+    )
     user_pov: str = Field(default="[Memory - User POV / Not Character Facts]", max_length=500)
     user_pov_note: str = Field(
         default="这些是用户/玩家侧主观记忆，不等于角色已知事实；只能作为关系、承诺、情绪和长期互动背景参考。",
@@ -396,11 +401,15 @@ class ControllerSettings(BaseModel):
 
 
 class ServiceSettings(BaseModel):
-    """HTTP service (``memory-recall serve``): bind address, bearer token, body limit, CORS origins.
+    """HTTP service (``memory-recall serve``): bind address, bearer token, Host check, body and time limits, CORS
+    origins, public docs.
 
-    Binding a non-loopback ``host`` requires a ``token`` (env ``MEMORY_RECALL_SERVICE__TOKEN``); the service
-    refuses to start without one. ``cors_origins``: the chat host's page origins (SillyTavern runs in the
-    browser on its own port) allowed to call the service.
+    Binding a non-loopback ``host`` requires a token: ``token`` (env ``MEMORY_RECALL_SERVICE__TOKEN``) or
+    ``token_file``, a file holding it (``--token-file``; not both); the service refuses to start without one.
+    ``allowed_hosts``: host names or IP addresses (no port) accepted in the ``Host`` header besides ``127.0.0.1``,
+    ``localhost``, ``[::1]`` and ``host``; ``"*"`` accepts any (see :class:`memory_recall.service.auth.HostCheck`).
+    ``cors_origins``: the chat host's page origins (SillyTavern runs in the browser on its own port) allowed to
+    call the service. ``public_docs``: ``/docs``, ``/redoc`` and ``/openapi.json`` without the token.
     """
 
     model_config = _Section
@@ -408,12 +417,46 @@ class ServiceSettings(BaseModel):
     host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
     port: int = Field(default=8765, ge=0, le=65535)
     token: str = Field(default="", max_length=4096)
+    #: A file holding the token (one line; ``~`` expanded), so it stays out of ``ps`` and the shell history.
+    token_file: str = Field(default="", max_length=4096)
+    allowed_hosts: tuple[str, ...] = ()
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
     #: Body limit of a whole-chat sync (``POST /v1/chats/{chat_id}/sync``): a long chat in one request.
     max_sync_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    #: Seconds a client has to send a request head (request line and headers), from the connection opening or
+    #: the first byte after the previous response; then the connection is closed.
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    #: Seconds a client has to send a whole request body once its head arrived (else 408 and the connection is
+    #: closed), and to finish sending a body the service answered early (401, 413, 421) before it closes.
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    #: The same for a whole-chat sync, up to ``max_sync_body_bytes``: 64 MiB in 120 s is 4.5 Mbit/s.
+    sync_body_timeout_s: float = Field(default=120.0, gt=0, le=3600)
+    #: Seconds an idle keep-alive connection stays open after a response (uvicorn's ``timeout_keep_alive``,
+    #: whole seconds).
+    idle_timeout_s: int = Field(default=5, ge=1, le=3600)
     cors_origins: tuple[str, ...] = ("http://127.0.0.1:8000", "http://localhost:8000")
+    #: ``/docs``, ``/docs/assets/*``, ``/redoc`` and ``/openapi.json`` without the token (the API schema is no
+    #: secret; False closes them behind the token like every other route).
+    public_docs: bool = True
     #: Seconds the shutdown waits for in-flight writes and embedding before closing the store.
     shutdown_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        names = []
+        for raw in value:
+            name = raw.strip().lower()
+            bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+            if not name or any(c in name for c in "/@ \t"):
+                raise ValueError(f"a host name or IP address without scheme, port or path; got {raw!r}")
+            if ":" in bare or bare != name:
+                try:
+                    ipaddress.IPv6Address(bare)
+                except ValueError:
+                    raise ValueError(f"a host name or IP address without a port; got {raw!r}") from None
+            names.append(name)
+        return tuple(names)
 
 
 _PROFILES: dict[str, dict[str, dict[str, Any]]] = {

@@ -452,6 +452,12 @@ def run_service_kills(
     journal = Journal(journal_path)
     server_log = open(workdir / "service.log", "ab")  # noqa: SIM115 - kept open across restarts
     env = dict(os.environ, MEMORY_RECALL_CONFIG="", MEMORY_RECALL_PROFILE="app")
+    # The chat exists before the first client recalls (a recall for a chat the store does not hold is a 404):
+    # one node, not journalled (check_store looks only for what the journal holds).
+    from memory_recall.store import Store
+
+    with Store(data_dir / DB_NAME) as store:
+        store.upsert_nodes(CHAT, [{"id": "seed", "type": "event", "fields": {"title": "seed"}}])
     try:
         with _Clients(url, journal, clients, seed) as cl:
             for run in range(kills):

@@ -26,7 +26,9 @@ recall that reinforces nothing writes its record the same way, with the snapshot
 
 Chat events (reference §2.1 "other host events"): an edited message is re-ingested and **its floor's record
 deleted** (``MESSAGE_EDITED``); a deleted message is retired and only the record of that very floor is
-deleted; a swiped assistant message is re-ingested and records are kept.
+deleted; a swiped assistant message is re-ingested and records are kept. An edit or a deletion names a message
+the store holds: an unknown chat or floor raises :class:`NotFound` (the host's chat and the store differ, and the
+host should send the chat again; nothing is created or changed).
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ class RecallController:
 
     def _settings_for(self, req: RecallRequest) -> RecallSettings:
         try:
-            return self.settings.with_overrides(req.options)
+            return self.settings.with_overrides(req.options, strict=True)
         except ConfigError as exc:
             raise InputError("options", exc.message) from None
 
@@ -454,6 +456,14 @@ class RecallController:
         node = self.store.get_node(chat_id, message_id(floor))
         return node is not None and not node.archived
 
+    def _require_message(self, chat_id: str, floor: int, field: str) -> None:
+        """:class:`NotFound` naming the chat, or ``field`` and the floor, unless the chat holds an active message
+        at ``floor``."""
+        if self.store.chat_version(chat_id) == 0:
+            raise NotFound("chat_id", f"unknown chat {chat_id!r}")
+        if not self._known(chat_id, floor):
+            raise NotFound(field, f"chat {chat_id!r} has no message at floor {floor}")
+
     def on_message_added(self, chat_id: str, message: ChatMessage, *, now_ms: int | None = None) -> ChatEventReport:
         """A new message: ingest it."""
         now = now_ms if now_ms is not None else self.clock()
@@ -461,29 +471,31 @@ class RecallController:
         return ChatEventReport(chat_id, message.floor, report, False)
 
     def on_message_edited(self, chat_id: str, message: ChatMessage, *, now_ms: int | None = None) -> ChatEventReport:
-        """``MESSAGE_EDITED``: re-ingest the message (ingest it if the store never saw it) and delete the record
-        of its floor, so the next recall for that floor is fresh."""
+        """``MESSAGE_EDITED``: re-ingest the message and delete the record of its floor, so the next recall for
+        that floor is fresh. :class:`NotFound` (nothing written) when the chat or the floor is unknown."""
         now = now_ms if now_ms is not None else self.clock()
-        if self._known(chat_id, message.floor):
-            report = edit_message(self.store, chat_id, message, now_ms=now)
-        else:
-            report = ingest_messages(self.store, chat_id, [message], now_ms=now)
+        self._require_message(chat_id, message.floor, "message.floor")
+        report = edit_message(self.store, chat_id, message, now_ms=now)
         deleted = self.delete_record(chat_id, message.floor)
         return ChatEventReport(chat_id, message.floor, report, deleted)
 
     def on_message_deleted(self, chat_id: str, floor: int, *, now_ms: int | None = None) -> ChatEventReport:
-        """``MESSAGE_DELETED``: retire the message; records are kept (reference) except the deleted floor's own."""
+        """``MESSAGE_DELETED``: retire the message; records are kept (reference) except the deleted floor's own.
+        :class:`NotFound` (nothing written) when the chat or the floor is unknown."""
         now = now_ms if now_ms is not None else self.clock()
-        report = delete_message(self.store, chat_id, floor, now_ms=now) if self._known(chat_id, floor) else None
+        self._require_message(chat_id, floor, "floor")
+        report = delete_message(self.store, chat_id, floor, now_ms=now)
         deleted = self.delete_record(chat_id, floor)
         return ChatEventReport(chat_id, floor, report, deleted)
 
     def on_message_removed(self, chat_id: str, floor: int, *, now_ms: int | None = None) -> ChatEventReport:
         """A message was removed from the middle of the chat and later messages moved down a floor (what
         SillyTavern does on a deletion): :func:`~memory_recall.ingest.messages.remove_message` moves their nodes,
-        vectors and records with them; the removed floor's record is dropped."""
+        vectors and records with them; the removed floor's record is dropped. :class:`NotFound` (nothing written)
+        when the chat or the floor is unknown."""
         now = now_ms if now_ms is not None else self.clock()
         validate_chat_id(chat_id)
+        self._require_message(chat_id, floor, "floor")
         had_record = self.store.get_record(chat_id, floor) is not None
         report = remove_message(self.store, chat_id, floor, now_ms=now)
         return ChatEventReport(chat_id, floor, report, had_record)

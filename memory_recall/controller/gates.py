@@ -8,7 +8,7 @@ Gates run in this order; the first that fires ends the run with its status and s
 1     ``controller.enabled`` is false                  skipped    ``recall-disabled`` (召回功能未启用)
 2     ``dry_run`` (prompt preview)                     skipped    ``dry-run``
 3     generation type ``quiet`` / ``impersonate``      skipped    ``generation-type-skipped:<type>``
-4     no messages in the request                       skipped    ``empty-chat`` (当前聊天为空)
+4     no messages and no query or override text        skipped    ``empty-chat`` (当前聊天为空)
 5     history type and no user floor                   skipped    ``no-user-floor``
 6     no recall text resolved                          skipped    ``no-user-input``
                                                                   (当前没有可用于召回的用户输入)
@@ -20,11 +20,16 @@ Gates run in this order; the first that fires ends the run with its status and s
 —     a stage failed in a way that cannot degrade      failed     ``stage-failed``
 ====  ===============================================  =========  ==========================================
 
+Gate 4 departs from the reference (``chat.length === 0``): a request without messages that carries a
+``query_text`` or an ``override_text`` (not blank) recalls for that text, since the chat's graph is there to recall
+from; only a request with nothing to recall for is an empty chat (``docs/reference-differences.md``).
+
 ``reason_text`` is English unless the request's ``locale`` is Chinese (``zh``, ``zh-CN`` …), which gives the
 reference's message shown above where it has one (:func:`reason_text`; English texts: :data:`REASON_TEXT_EN`).
 
 Reference gates that do not exist in a backend: restore lock (0), a running recall (1: requests are independent
-and each recall reads one snapshot), no graph (2: an unknown chat is an empty graph and recalls nothing), graph
+and each recall reads one snapshot), no graph (2: to the controller an unknown chat is an empty graph and recalls
+nothing; the HTTP service answers 404 for it, since the host has not sent the chat), graph
 still loading (4) and history recovery (5). The planner handoff (8) is not part of this API.
 """
 
@@ -38,7 +43,7 @@ from memory_recall.controller.inputs import HISTORY_TYPES, RecallRequest, Resolv
 from memory_recall.model.chat import GenerationType
 from memory_recall.model.records import PersistedRecall
 from memory_recall.settings import RecallSettings
-from memory_recall.text.normalize import is_trivial_input
+from memory_recall.text.normalize import is_trivial_input, normalize_recall_input
 
 __all__ = [
     "REASON_TEXT",
@@ -185,14 +190,16 @@ def _outcome(request: RecallRequest, status: RecallStatus, code: str, **extra: A
 
 
 def check_request_gates(request: RecallRequest, settings: RecallSettings) -> RecallResponse | None:
-    """Gates 1–4 (before any input is resolved); ``None`` when all pass."""
+    """Gates 1–4 (before any input is resolved); ``None`` when all pass. Gate 4 fires only when the request has
+    neither messages nor a query or override text."""
     if not settings.controller.enabled:
         return _outcome(request, "skipped", Reason.DISABLED)
     if request.dry_run:
         return _outcome(request, "skipped", Reason.DRY_RUN)
     if request.generation_type in (GenerationType.QUIET, GenerationType.IMPERSONATE):
         return _outcome(request, "skipped", f"{Reason.GENERATION_TYPE_SKIPPED}:{request.generation_type.value}")
-    if not request.messages:
+    explicit = normalize_recall_input(request.query_text) or normalize_recall_input(request.override_text)
+    if not request.messages and not explicit:
         return _outcome(request, "skipped", Reason.EMPTY_CHAT)
     return None
 

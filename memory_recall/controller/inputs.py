@@ -34,18 +34,29 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
 
 from memory_recall.errors import InputError
-from memory_recall.model.chat import MAX_MESSAGE_CHARS, ChatMessage, GenerationType, reject_nul, reject_nul_items
+from memory_recall.model.chat import (
+    MAX_MESSAGE_CHARS,
+    ChatMessage,
+    GenerationType,
+    NulFreeStr,
+    reject_nul,
+    reject_nul_items,
+)
 from memory_recall.model.graph import first_validation_error
-from memory_recall.store.sqlite import validate_chat_id
+from memory_recall.settings import RecallSettings
+from memory_recall.store.sqlite import MAX_CHAT_ID_LENGTH, chat_id_pattern, validate_chat_id
 from memory_recall.text.normalize import normalize_recall_input
 
 __all__ = [
     "ACTIVE_SOURCES",
     "HISTORY_TYPES",
+    "OPTION_SECTIONS",
     "RecallRequest",
     "ResolvedInput",
     "build_recent_lines",
+    "chat_id_json_schema",
     "latest_user_floor",
+    "options_json_schema",
     "parse_request",
     "resolve_input",
     "strip_plot_blocks",
@@ -72,6 +83,47 @@ _LOCALE_MAX = 35
 _LOCALE = re.compile(r"[A-Za-z]{2,8}(?:-[A-Za-z0-9]{1,8})*", re.ASCII)
 # Reference §2.2: user text loses these blocks before it becomes a context line.
 _PLOT_BLOCKS = re.compile(r"<(plot|note|plot-log|state)\b[^>]*>[\s\S]*?</\1\s*>", re.IGNORECASE)
+#: Settings sections a request may override in ``options``: the recall's stages, the injector and the controller.
+#: The store, the providers and the service are fixed when they start (an override of them would be ignored).
+OPTION_SECTIONS: tuple[str, ...] = tuple(
+    name
+    for name, field in RecallSettings.model_fields.items()
+    if isinstance(field.annotation, type)
+    and issubclass(field.annotation, BaseModel)
+    and name not in ("store", "embedding", "llm", "service")
+)
+
+
+def chat_id_json_schema(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a chat id field: the rules of :func:`validate_chat_id` as length and pattern."""
+    schema.update(minLength=1, maxLength=MAX_CHAT_ID_LENGTH, pattern=chat_id_pattern())
+
+
+def _partial(schema: Any, defs: dict[str, Any]) -> Any:
+    """A section's JSON schema as an override reads it: ``$defs`` inlined, nothing required (a deep merge)."""
+    if isinstance(schema, list):
+        return [_partial(item, defs) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        return _partial(defs[ref.removeprefix("#/$defs/")], defs)
+    return {k: _partial(v, defs) for k, v in schema.items() if k not in ("required", "$defs", "title")}
+
+
+def options_json_schema(schema: dict[str, Any]) -> None:
+    """``options`` exactly as :meth:`RecallSettings.with_overrides` (strict) takes it: the sections of
+    :data:`OPTION_SECTIONS`, each with its own keys and value types, any subset of them."""
+    sections: dict[str, Any] = {}
+    for name in OPTION_SECTIONS:
+        model = RecallSettings.model_fields[name].annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel)
+        section = model.model_json_schema()
+        sections[name] = _partial(section, section.get("$defs", {}))
+    schema["anyOf"] = [
+        {"type": "object", "properties": sections, "additionalProperties": False},
+        {"type": "null"},
+    ]
 
 
 class RecallRequest(BaseModel):
@@ -84,16 +136,22 @@ class RecallRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    chat_id: StrictStr
-    messages: list[ChatMessage] = Field(default_factory=list, max_length=_MAX_MESSAGES)
+    chat_id: StrictStr = Field(json_schema_extra=chat_id_json_schema)
+    messages: list[ChatMessage] = Field(
+        default_factory=list,
+        max_length=_MAX_MESSAGES,
+        description="The recent messages in floor order, each floor once.",
+    )
     generation_type: GenerationType = GenerationType.NORMAL
     #: The user floor this generation answers (departure 1: explicit; history types fall back to the latest
     #: user message in ``messages``, normal sends never guess one).
-    target_user_floor: StrictInt | None = Field(default=None, ge=0, le=10_000_000)
-    query_text: StrictStr = Field(default="", max_length=MAX_MESSAGE_CHARS)
-    override_text: StrictStr = Field(default="", max_length=MAX_MESSAGE_CHARS)
-    override_source: StrictStr = Field(default="", max_length=100)
-    send_intent: StrictStr = Field(default="", max_length=MAX_MESSAGE_CHARS)
+    target_user_floor: StrictInt | None = Field(
+        default=None, ge=0, le=10_000_000, description="A user floor: when it is in messages, a user message."
+    )
+    query_text: NulFreeStr = Field(default="", max_length=MAX_MESSAGE_CHARS)
+    override_text: NulFreeStr = Field(default="", max_length=MAX_MESSAGE_CHARS)
+    override_source: NulFreeStr = Field(default="", max_length=100)
+    send_intent: NulFreeStr = Field(default="", max_length=MAX_MESSAGE_CHARS)
     dry_run: StrictBool = False
     #: ``False``: a what-if/evaluation run — always a fresh retrieval, no record read or written and no access
     #: reinforcement, so the chat's graph and records are exactly as before (offline evaluation asks many
@@ -101,15 +159,16 @@ class RecallRequest(BaseModel):
     persist: StrictBool = True
     #: Explicit re-recall of the target floor: always a fresh retrieval (departure 7, fixes §7 item 11).
     rerecall: StrictBool = False
-    active_region: StrictStr = Field(default="", max_length=200)
-    active_owner_keys: list[StrictStr] | None = Field(default=None, max_length=100)
-    active_character_pov_owner: StrictStr = Field(default="", max_length=200)
-    active_user_pov_owner: StrictStr = Field(default="", max_length=200)
-    visibility_filter: StrictStr = Field(default="", max_length=200)
-    host_character_name: StrictStr = Field(default="", max_length=_HOST_NAME_MAX)
-    host_user_name: StrictStr = Field(default="", max_length=_HOST_NAME_MAX)
-    #: Per-request settings overrides ``{"section": {"key": value}}`` (``RecallSettings.with_overrides``).
-    options: dict[str, dict[str, Any]] | None = None
+    active_region: NulFreeStr = Field(default="", max_length=200)
+    active_owner_keys: list[NulFreeStr] | None = Field(default=None, max_length=100)
+    active_character_pov_owner: NulFreeStr = Field(default="", max_length=200)
+    active_user_pov_owner: NulFreeStr = Field(default="", max_length=200)
+    visibility_filter: NulFreeStr = Field(default="", max_length=200)
+    host_character_name: NulFreeStr = Field(default="", max_length=_HOST_NAME_MAX)
+    host_user_name: NulFreeStr = Field(default="", max_length=_HOST_NAME_MAX)
+    #: Per-request settings overrides ``{"section": {"key": value}}`` of the sections in
+    #: :data:`OPTION_SECTIONS` (``RecallSettings.with_overrides``, strict: values are not converted).
+    options: dict[str, dict[str, Any]] | None = Field(default=None, json_schema_extra=options_json_schema)
     now_ms: StrictInt | None = Field(default=None, ge=0, le=253_402_300_799_999)
     #: Strict mode: a provider failure aborts the recall instead of degrading (``None``: the settings decide).
     strict: StrictBool | None = None
@@ -155,6 +214,15 @@ class RecallRequest(BaseModel):
     @classmethod
     def _no_nul_keys(cls, value: list[str] | None) -> list[str] | None:
         return reject_nul_items(value)
+
+    @field_validator("options")
+    @classmethod
+    def _option_sections(cls, value: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+        for name in value or {}:
+            if name not in OPTION_SECTIONS:
+                raise ValueError(f"{name!r} is not a section a request can override; expected one of "
+                                 f"{', '.join(OPTION_SECTIONS)}")
+        return value
 
     @field_validator("messages")
     @classmethod

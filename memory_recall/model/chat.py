@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-__all__ = ["MAX_MESSAGE_CHARS", "ChatMessage", "GenerationType"]
+__all__ = ["MAX_MESSAGE_CHARS", "NUL_FREE_SCHEMA", "ChatMessage", "GenerationType", "NulFreeStr"]
 
 #: Longest accepted message text (characters). Longer messages are rejected, not truncated silently.
 MAX_MESSAGE_CHARS = 200_000
+#: JSON Schema of the strings :func:`reject_nul` accepts, to merge into a string schema (shown in the OpenAPI
+#: schema; the check itself is the validator, which names the field). ``not`` a pattern rather than an anchored
+#: ``[^\x00]*``: schema tools fold ``maxLength`` into a pattern's quantifier, and ``{0,200000}`` breaks them.
+NUL_FREE_SCHEMA: dict[str, Any] = {"not": {"pattern": "\\x00"}}
+#: A string (never a number or a boolean) whose schema states that it holds no NUL; pair it with
+#: :func:`reject_nul` / :func:`reject_nul_items` in a validator.
+NulFreeStr = Annotated[StrictStr, Field(json_schema_extra=NUL_FREE_SCHEMA)]
 
 
 
@@ -49,15 +56,16 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    floor: int = Field(ge=0, le=10_000_000)
+    # Strict types: a request body's ``false`` or ``"3"`` is not a floor, ``4.0`` neither (no coercion).
+    floor: StrictInt = Field(ge=0, le=10_000_000)
     role: Literal["user", "assistant", "system"]
-    speaker: str = Field(default="", max_length=200)
-    text: str = Field(max_length=MAX_MESSAGE_CHARS)
-    hidden: bool = False
-    date: str = Field(default="", max_length=200)
-    send_time_ms: int | None = Field(default=None, ge=0)
-    evidence_id: str = Field(default="", max_length=200)
-    attachments: tuple[str, ...] = ()
+    speaker: NulFreeStr = Field(default="", max_length=200)
+    text: NulFreeStr = Field(max_length=MAX_MESSAGE_CHARS)
+    hidden: StrictBool = False
+    date: NulFreeStr = Field(default="", max_length=200)
+    send_time_ms: StrictInt | None = Field(default=None, ge=0, le=253_402_300_799_999)  # up to year 9999
+    evidence_id: NulFreeStr = Field(default="", max_length=200)
+    attachments: tuple[NulFreeStr, ...] = ()
     extra: dict[str, Any] = Field(default_factory=dict)
 
     # Every string that reaches a node (date → fields.date and story time, captions → summary) is checked:

@@ -21,6 +21,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -33,6 +37,7 @@ __all__ = [
     "CORE_TYPES",
     "DEFAULT_SCHEMA",
     "EMBEDDING_TEXT_KEYS",
+    "ID_PATTERN",
     "INHIBIT_EDGE_TYPE",
     "MAX_ID_LENGTH",
     "NODE_TYPES",
@@ -60,6 +65,13 @@ INHIBIT_EDGE_TYPE = 255
 MAX_ID_LENGTH = 128
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: JSON Schema ``pattern`` of the ids :func:`validate_id` accepts (with ``maxLength`` :data:`MAX_ID_LENGTH`): no
+#: control character and at least one character that is neither one nor white space (``str.strip``'s set).
+ID_PATTERN = (
+    r"^[^\x00-\x1f\x7f]*"
+    r"[^\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+    r"[^\x00-\x1f\x7f]*$"
+)
 
 
 def validate_id(value: str, field: str = "id") -> str:
@@ -82,7 +94,9 @@ def _id_check(value: str) -> str:
         raise ValueError(exc.reason) from None
 
 
-NodeId = Annotated[str, AfterValidator(_id_check)]
+NodeId = Annotated[
+    StrictStr, AfterValidator(_id_check), Field(json_schema_extra={"pattern": ID_PATTERN, "maxLength": MAX_ID_LENGTH})
+]
 
 
 class NodeTypeSpec(BaseModel):
@@ -293,11 +307,11 @@ class StoryTime(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    segment_id: str = ""
-    label: str = ""
+    segment_id: StrictStr = ""
+    label: StrictStr = ""
     tense: Literal["past", "ongoing", "future", "flashback", "hypothetical", "unknown"] = "unknown"
     relation: Literal["same", "after", "before", "parallel", "unknown"] = "unknown"
-    anchor_label: str = ""
+    anchor_label: StrictStr = ""
     confidence: Literal["high", "medium", "low"] = "medium"
     source: Literal["extract", "derived", "manual"] = "derived"
 
@@ -313,11 +327,11 @@ class StoryTimeSpan(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    start_segment_id: str = ""
-    end_segment_id: str = ""
-    start_label: str = ""
-    end_label: str = ""
-    mixed: bool = False
+    start_segment_id: StrictStr = ""
+    end_segment_id: StrictStr = ""
+    start_label: StrictStr = ""
+    end_label: StrictStr = ""
+    mixed: StrictBool = False
     source: Literal["extract", "derived", "manual"] = "derived"
 
     def describe(self) -> str:
@@ -331,7 +345,12 @@ class StoryTimeSpan(BaseModel):
 # Nodes and edges
 # ---------------------------------------------------------------------------------------------------------------
 
-Millis = Annotated[int, Field(ge=0, le=253_402_300_799_999)]  # up to year 9999
+Millis = Annotated[StrictInt, Field(ge=0, le=253_402_300_799_999)]  # up to year 9999
+Seq = Annotated[StrictInt, Field(ge=-1, le=10_000_000)]  # a floor, or -1: before the chat
+# A range end: an integer a JavaScript host holds exactly (|n| < 2**53; the store packs both ends as int64). Not
+# bounded like ``seq``: stores and ST-BME exports written before that bound may hold wider ranges (an ST-BME range is
+# a JavaScript number, within these bounds), and they must stay readable.
+RangeEnd = Annotated[StrictInt, Field(ge=-(2**53 - 1), le=2**53 - 1)]
 
 
 class Node(BaseModel):
@@ -344,26 +363,28 @@ class Node(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # Strict scalar types (no "3" or true for a number, no number for a string): the store and the ST-BME
+    # importer hand over typed values, and a request body must not be coerced either.
     id: NodeId
-    type: str
+    type: StrictStr = Field(json_schema_extra={"enum": list(NODE_TYPES)})
     fields: dict[str, Any] = Field(default_factory=dict)
-    seq: int = Field(default=0, ge=-1, le=10_000_000)
-    seq_range: tuple[int, int] | None = None
-    archived: bool = False
-    importance: float = Field(default=5.0, ge=0.0, le=10.0, allow_inf_nan=False)
-    access_count: int = Field(default=0, ge=0)
+    seq: Seq = 0
+    seq_range: tuple[RangeEnd, RangeEnd] | None = None
+    archived: StrictBool = False
+    importance: StrictFloat = Field(default=5.0, ge=0.0, le=10.0, allow_inf_nan=False)
+    access_count: StrictInt = Field(default=0, ge=0)
     last_access_time: Millis = 0
     created_time: Millis = 0
     updated_at: Millis = 0
-    level: int = Field(default=0, ge=0, le=64)
-    parent_id: str | None = None
-    child_ids: tuple[str, ...] = ()
-    prev_id: str | None = None
-    next_id: str | None = None
+    level: StrictInt = Field(default=0, ge=0, le=64)
+    parent_id: StrictStr | None = None
+    child_ids: tuple[StrictStr, ...] = ()
+    prev_id: StrictStr | None = None
+    next_id: StrictStr | None = None
     scope: MemoryScope = Field(default_factory=MemoryScope)
     story_time: StoryTime = Field(default_factory=StoryTime)
     story_time_span: StoryTimeSpan = Field(default_factory=StoryTimeSpan)
-    evidence: tuple[str, ...] = ()
+    evidence: tuple[StrictStr, ...] = ()
     extra: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("type")
@@ -477,9 +498,9 @@ class Edge(BaseModel):
     id: NodeId
     from_id: NodeId
     to_id: NodeId
-    relation: str = Field(default="related", min_length=1, max_length=64)
-    strength: float = Field(default=0.8, ge=0.0, le=1.0, allow_inf_nan=False)
-    edge_type: int = Field(default=0, ge=0, le=255)
+    relation: StrictStr = Field(default="related", min_length=1, max_length=64)
+    strength: StrictFloat = Field(default=0.8, ge=0.0, le=1.0, allow_inf_nan=False)
+    edge_type: StrictInt = Field(default=0, ge=0, le=255)
     valid_at: Millis | None = None
     invalid_at: Millis | None = None
     expired_at: Millis | None = None

@@ -31,11 +31,13 @@ Contract
 * **Status codes.** Validation of a body, path or query value → 422 with FastAPI's ``detail`` list
   (``loc``/``msg``/``type``) plus a top-level ``error`` naming the first field; :class:`InputError` and
   per-request :class:`ConfigError` (bad ``options``) → 422 the same way; :class:`NotFound` and an unknown chat
-  → 404; missing/wrong token → 401; body over ``service.max_body_bytes`` → 413; :class:`StoreError`,
-  :class:`EmbeddingUnavailable`, :class:`LLMUnavailable` → 503 (the server or a provider is unwell, the
-  request may be retried). A strict-mode provider failure is *not* an HTTP error: the controller completes the
-  recall with ``status="aborted"``, ``reason="strict-mode-violation"`` and the failure category, so the host
-  sees why and injects nothing. Anything else is a bug → 500 ``{"error": "internal error"}`` (logged).
+  → 404; missing/wrong token → 401; body over ``service.max_body_bytes`` → 413; a ``Host`` header that does
+  not name the service → 421 and a body not received within ``service.body_timeout_s`` → 408
+  (:mod:`memory_recall.service.auth`; head and idle deadlines: :mod:`memory_recall.service.connections`);
+  :class:`StoreError`, :class:`EmbeddingUnavailable`, :class:`LLMUnavailable` → 503 (the server or a provider
+  is unwell, the request may be retried). A strict-mode provider failure is *not* an HTTP error: the controller
+  completes the recall with ``status="aborted"``, ``reason="strict-mode-violation"`` and the failure category,
+  so the host sees why and injects nothing. Anything else is a bug → 500 ``{"error": "internal error"}`` (logged).
 * **Concurrency.** Every store, ingest, embedding and recall call runs in a worker thread
   (``anyio.to_thread.run_sync``), never on the event loop. Recalls run concurrently, at most
   :data:`RECALL_SLOTS` at once: the pipeline is CPU-bound, and more recall threads than cores only added
@@ -76,7 +78,9 @@ from fastapi import Body, FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from pydantic import BeforeValidator
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from memory_recall.blas import pin_single_thread
 from memory_recall.controller import ChatEventReport, RecallController, RecallRequest, RecallResponse, RecordStatus
@@ -93,12 +97,23 @@ from memory_recall.ingest import export_stbme, import_stbme_report, ingest_messa
 from memory_recall.ingest.messages import sync_messages
 from memory_recall.model.chat import ChatMessage
 from memory_recall.providers import Embedder, embed_missing
-from memory_recall.service.auth import BodyLimit, TokenAuth, check_bind
+from memory_recall.service.auth import (
+    OPEN_PATHS,
+    BodyLimit,
+    HostCheck,
+    TokenAuth,
+    allowed_host_names,
+    check_bind,
+    resolve_token,
+    warn_if_shared,
+)
 from memory_recall.service.background import EmbeddingWorker, SyncJobs
-from memory_recall.service.docs import install_docs
+from memory_recall.service.docs import ASSETS_PATH, DOCS_PATH, REDOC_PATH, install_docs
+from memory_recall.service.openapi import install_openapi
 from memory_recall.service.schemas import (
     ChatEvent,
     ChatList,
+    ChatStats,
     ChatSummary,
     DeleteResult,
     EdgeBatch,
@@ -115,6 +130,8 @@ from memory_recall.service.schemas import (
     NodeBatch,
     RecordEdit,
     RerecallBody,
+    StbmeExport,
+    StbmeImport,
     SyncRequest,
     SyncStatus,
     VersionBody,
@@ -139,13 +156,27 @@ except PackageNotFoundError:  # running from a source tree without an install
 log = logging.getLogger("memory_recall.service")
 T = TypeVar("T")
 
+
+
+def _decimal(value: Any) -> Any:
+    # A path floor is written in ASCII digits: pydantic's lax int would also read "4.0", "+4", " 4" and "4_0".
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError("must be written in decimal digits")
+    return value
+
+
+# The chat id rules are checked by validate_chat_id (its messages name the rule); the OpenAPI document states them
+# as a pattern (memory_recall.service.openapi).
 ChatId = Annotated[str, Path(min_length=1, max_length=128, description="Chat id (validate_chat_id rules)")]
-Floor = Annotated[int, Path(ge=0, le=10_000_000, description="User floor of the record")]
+Floor = Annotated[int, Path(ge=0, le=10_000_000, description="User floor of the record"), BeforeValidator(_decimal)]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing or wrong bearer token"},
     404: {"model": ErrorBody, "description": "Unknown chat, record or message"},
+    405: {"model": ErrorBody, "description": "Method not allowed on this path; `Allow` lists the methods it has"},
+    408: {"model": ErrorBody, "description": "Body not received within service.body_timeout_s"},
     413: {"model": ErrorBody, "description": "Body over service.max_body_bytes"},
+    421: {"model": ErrorBody, "description": "The Host header does not name this service"},
     422: {"model": ErrorBody, "description": "Validation error; `error` names the first field"},
     503: {"model": ErrorBody, "description": "Store or provider unavailable"},
 }
@@ -188,6 +219,16 @@ def _body_problem(cause: BaseException | None) -> str | None:
     return None
 
 
+def _path_methods(request: Request) -> list[str]:
+    """Every method some route serves on ``request``'s path, sorted."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
 class _PathError(Exception):
     """A path parameter failed a rule pydantic cannot express (chat id rules)."""
 
@@ -210,11 +251,16 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Unknown route (404), wrong method (405), unparseable body (400): same shape as every other error.
         detail = exc.detail
+        headers = exc.headers
         if exc.status_code == 400:
             # FastAPI raises its generic "error parsing the body" from the decoder's error: name the problem.
             detail = _body_problem(exc.__cause__) or detail
+        if exc.status_code == 405:
+            # Starlette's Allow names the methods of the first route matching the path; each method of a path is
+            # its own route here, so list them all.
+            headers = {**(headers or {}), "Allow": ", ".join(_path_methods(request))}
         return JSONResponse(
-            status_code=exc.status_code, content={"error": str(detail), "detail": detail}, headers=exc.headers
+            status_code=exc.status_code, content={"error": str(detail), "detail": detail}, headers=headers
         )
 
     @app.exception_handler(_PathError)
@@ -482,10 +528,12 @@ def create_app(
 ) -> FastAPI:
     """The service as an ASGI app. Without ``store`` the app opens ``settings.store`` at startup and closes it
     at shutdown; ``embedder``/``llm`` ``None`` mean lexical-only recall and no rerank. Raises
-    :class:`ConfigError` for a non-loopback ``settings.service.host`` without a token.
+    :class:`ConfigError` for a non-loopback ``settings.service.host`` without a token, and for an unusable
+    ``service.token_file`` (:func:`~memory_recall.service.auth.resolve_token`).
     """
     svc_settings = settings.service
-    check_bind(svc_settings.host, svc_settings.token)
+    token = resolve_token(svc_settings)
+    check_bind(svc_settings.host, token)
     pin_single_thread()  # byte-identical recalls on any core count (memory_recall.blas)
     service = _Service(settings, store, embedder, llm, owns_store=False)
 
@@ -519,12 +567,20 @@ def create_app(
     app.state.service = service
     _install_error_handlers(app)
     _add_routes(app)
+    install_openapi(app)
     install_docs(app)
-    # Outermost last: CORS answers preflights and decorates 401/413, then auth, then the body limit.
+    # Outermost last: CORS answers preflights and decorates 401/408/413/421 (so the host's page can read why), then
+    # the Host check (a wrong Host learns nothing, not even whether a token is set), auth, the body limit.
     app.add_middleware(
-        BodyLimit, max_bytes=svc_settings.max_body_bytes, sync_max_bytes=svc_settings.max_sync_body_bytes
+        BodyLimit, max_bytes=svc_settings.max_body_bytes, sync_max_bytes=svc_settings.max_sync_body_bytes,
+        timeout_s=svc_settings.body_timeout_s, sync_timeout_s=svc_settings.sync_body_timeout_s,
     )
-    app.add_middleware(TokenAuth, token=svc_settings.token)
+    docs = {DOCS_PATH, REDOC_PATH, app.openapi_url or "/openapi.json"} if svc_settings.public_docs else set()
+    app.add_middleware(
+        TokenAuth, token=token, public_paths=OPEN_PATHS | docs,
+        public_prefixes=(f"{ASSETS_PATH}/",) if svc_settings.public_docs else (),
+    )
+    app.add_middleware(HostCheck, allowed=allowed_host_names(svc_settings.host, svc_settings.allowed_hosts))
     app.add_middleware(
         CORSMiddleware,
         allow_origins=list(svc_settings.cors_origins),
@@ -544,10 +600,19 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
     async def recall(request: Request, body: RecallRequest) -> RecallResponse:
         """The recall hook. Call it at both host hook points: a ``normal`` generation computes (or reuses) the
         recall for ``target_user_floor``; ``regenerate``/``swipe``/``continue`` replay the record persisted for
-        that floor byte for byte. Inject ``injection_text`` when ``status == "completed"``."""
+        that floor byte for byte. Inject ``injection_text`` when ``status == "completed"``. 404 for a chat the
+        service does not hold (sync it first)."""
         svc = _svc(request)
         start = time.perf_counter()
-        response: RecallResponse = await svc.recall(lambda: svc.controller.run_recall(body))
+
+        def run() -> RecallResponse:
+            # A recall never writes a chat: one the store has never seen is the host's mistake (send it first).
+            if svc.store.chat_version(body.chat_id) == 0:
+                raise NotFound("chat_id", f"unknown chat {body.chat_id!r}")
+            result: RecallResponse = svc.controller.run_recall(body)
+            return result
+
+        response = await svc.recall(run)
         log.info(
             "recall chat=%r type=%s floor=%s -> %s/%s source=%s %.1f ms",
             body.chat_id, body.generation_type.value, body.target_user_floor, response.status, response.reason,
@@ -690,7 +755,8 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
         """Insert or replace nodes by id (creates the chat)."""
         svc = _svc(request)
         chat_id = _chat_id(chat_id)
-        write = _graph_write(svc, chat_id, lambda w: w.upsert_nodes(body.nodes))
+        nodes = [n.to_node() for n in body.nodes]
+        write = _graph_write(svc, chat_id, lambda w: w.upsert_nodes(nodes))
         (count, version), emb = await svc.write(chat_id, write)
         return WriteResult(chat_id=chat_id, version=version, count=count, embedding=emb)
 
@@ -701,8 +767,9 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
 
     @app.post(f"{v1}/chats/{{chat_id}}/edges", response_model=WriteResult, tags=["graph"])
     async def upsert_edges(request: Request, chat_id: ChatId, body: EdgeBatch) -> WriteResult:
-        """Insert or replace edges by id; both ends must be nodes of the chat (else 422 naming the edge)."""
-        return await _existing_chat_write(request, chat_id, lambda w: w.upsert_edges(body.edges))
+        """Insert or replace edges by id; both ends must be nodes of the chat (else 404 naming the edge)."""
+        edges = [e.to_edge() for e in body.edges]
+        return await _existing_chat_write(request, chat_id, lambda w: w.upsert_edges(edges))
 
     @app.delete(f"{v1}/chats/{{chat_id}}/edges", response_model=WriteResult, tags=["graph"])
     async def delete_edges(request: Request, chat_id: ChatId, body: IdBatch) -> WriteResult:
@@ -710,17 +777,17 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
         return await _existing_chat_write(request, chat_id, lambda w: w.delete_edges(body.ids))
 
     @app.post(f"{v1}/chats/{{chat_id}}/import", response_model=ImportResult, tags=["graph"])
-    async def import_graph(
-        request: Request, chat_id: ChatId, body: Annotated[dict[str, Any], Body(description="ST-BME graph export")]
-    ) -> ImportResult:
+    async def import_graph(request: Request, chat_id: ChatId, body: StbmeImport) -> ImportResult:
         """Replace the chat's graph with an ST-BME graph export (the export object, or a wrapper holding it).
         Skipped or repaired items are listed in ``warnings``; recall records are kept."""
         svc = _svc(request)
         chat_id = _chat_id(chat_id)
         now = _now_ms()
 
+        data = body.model_dump()  # every key as sent: the importer reads the body (StbmeImport: its schema)
+
         def run() -> tuple[int, list[str]]:
-            report = import_stbme_report(body, now_ms=now)
+            report = import_stbme_report(data, now_ms=now)
             svc.store.replace_graph(chat_id, report.graph)
             svc.snapshots.invalidate(chat_id)
             return svc.store.chat_version(chat_id), list(report.warnings)
@@ -732,7 +799,7 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
             warnings=warnings, embedding=emb,
         )
 
-    @app.get(f"{v1}/chats/{{chat_id}}/export", tags=["graph"])
+    @app.get(f"{v1}/chats/{{chat_id}}/export", response_model=StbmeExport, tags=["graph"])
     async def export_graph(request: Request, chat_id: ChatId) -> dict[str, Any]:
         """The chat's graph as an ST-BME graph export (imports back to an equal graph)."""
         svc = _svc(request)
@@ -756,7 +823,7 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
             ]
         )
 
-    @app.get(f"{v1}/chats/{{chat_id}}/stats", tags=["chats"])
+    @app.get(f"{v1}/chats/{{chat_id}}/stats", response_model=ChatStats, tags=["chats"])
     async def chat_stats(request: Request, chat_id: ChatId) -> dict[str, Any]:
         """Counts of one chat: nodes by type, archived, edges, embedded nodes per model, records."""
         svc = _svc(request)
@@ -834,23 +901,48 @@ def serve(
     token: str | None,
     settings: RecallSettings,
     *,
+    token_file: str | None = None,
     log_level: str = "info",
 ) -> None:
     """Run the service on uvicorn until interrupted (Ctrl-C finishes in-flight writes, then closes the store).
 
-    ``host``/``port``/``data_dir``/``token`` override ``settings`` when given. Raises :class:`ConfigError` (one
-    line, before binding) for a non-loopback host without a token or an unusable provider configuration.
+    ``host``/``port``/``data_dir`` override ``settings`` when given; ``token``, or else ``token_file`` (a file
+    holding the token, :func:`~memory_recall.service.auth.read_token_file`), replaces ``service.token`` and
+    ``service.token_file``. Once the token and the bind address are accepted, logging is configured
+    (:func:`log_config`) and a token file or an existing store file that group or others may access gets a
+    warning (:func:`~memory_recall.service.auth.warn_if_shared`; the store keeps their modes). The connections get
+    the deadlines of :func:`~memory_recall.service.connections.server_options`. Raises :class:`ConfigError` (one
+    line, before binding) for a non-loopback host without a token, an unusable token file or provider
+    configuration.
     """
+    import logging.config
+    from pathlib import Path
+
     import uvicorn
 
     from memory_recall.providers import make_embedder, make_llm
+    from memory_recall.service.connections import server_options
+    from memory_recall.store import default_data_dir
+    from memory_recall.store.sqlite import DB_FILENAME
 
-    service = settings.service.model_copy(
-        update={"host": host or settings.service.host, "port": port, "token": token or settings.service.token}
-    )
+    update: dict[str, Any] = {"host": host or settings.service.host, "port": port}
+    if token:
+        update.update(token=token, token_file="")
+    elif token_file:
+        update.update(token="", token_file=token_file)
+    service = settings.service.model_copy(update=update)
+    token_path = service.token_file.strip()
+    service = service.model_copy(update={"token": resolve_token(service), "token_file": ""})
     store_settings = settings.store.model_copy(update={"data_dir": data_dir or settings.store.data_dir})
     settings = settings.model_copy(update={"service": service, "store": store_settings})
     check_bind(service.host, service.token)
+    # Only now: a refusal above leaves the caller's logging as it was (serve may run in-process, as in tests).
+    logging.config.dictConfig(log_config(log_level))
+    if token_path:
+        warn_if_shared(Path(token_path).expanduser(), "token file")
+    store_dir = default_data_dir(store_settings.data_dir or None)
+    for suffix in ("", "-wal", "-shm"):
+        warn_if_shared(store_dir / f"{DB_FILENAME}{suffix}", "store file")
     embedder = make_embedder(settings.embedding)
     llm = make_llm(settings.llm) if settings.rerank.enabled else None
     app = create_app(settings, embedder=embedder, llm=llm)
@@ -861,4 +953,5 @@ def serve(
         log_level=log_level,
         log_config=log_config(log_level),
         timeout_graceful_shutdown=int(service.shutdown_timeout_s),
+        **server_options(service),
     )

@@ -11,7 +11,8 @@ Usage::
     app = FastAPI(docs_url=None, redoc_url=None)    # FastAPI's CDN pages off
     install_docs(app)
 
-Auth is not special-cased here: the service's token middleware treats these routes like any other.
+Auth is not special-cased here: the service's token middleware lets these pages, the assets and the OpenAPI schema
+through without the token when ``service.public_docs`` is on (the default), and guards them like any route otherwise.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ __all__ = ["ASSETS_PATH", "ASSET_PACKAGE", "DOCS_PATH", "REDOC_PATH", "install_d
 
 DOCS_PATH = "/docs"
 REDOC_PATH = "/redoc"
-#: Where the package's files are mounted (under ``/docs`` so a token-free docs route, if one ever exists, has one
-#: prefix to open).
+#: Where the package's files are mounted (under ``/docs``: one prefix for the token middleware to open under
+#: ``service.public_docs``).
 ASSETS_PATH = "/docs/assets"
 #: (package, directory) holding ``swagger-ui-bundle.js``, ``swagger-ui.css``, ``redoc.standalone.js``, ``favicon.png``.
 ASSET_PACKAGE = ("fastapi_offline", "static")

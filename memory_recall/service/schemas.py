@@ -9,19 +9,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
-from memory_recall.model.chat import MAX_MESSAGE_CHARS, ChatMessage
-from memory_recall.model.graph import Edge, Node
+from memory_recall.controller.inputs import options_json_schema
+from memory_recall.model.chat import MAX_MESSAGE_CHARS, ChatMessage, NulFreeStr
+from memory_recall.model.graph import ID_PATTERN, MAX_ID_LENGTH, NODE_TYPES, Edge, Node
+from memory_recall.service.openapi import json_value_ref
 
 __all__ = [
     "MAX_BATCH",
     "MAX_SYNC_MESSAGES",
     "ChatEvent",
     "ChatList",
+    "ChatStats",
     "ChatSummary",
     "DeleteResult",
     "EdgeBatch",
+    "EdgeIn",
     "EmbeddingOutcome",
     "ErrorBody",
     "EventResult",
@@ -33,8 +37,12 @@ __all__ = [
     "MessageEdited",
     "MessageSwiped",
     "NodeBatch",
+    "NodeIn",
     "RecordEdit",
     "RerecallBody",
+    "ScopeIn",
+    "StbmeExport",
+    "StbmeImport",
     "SyncRequest",
     "SyncState",
     "SyncStatus",
@@ -57,20 +65,41 @@ class ErrorBody(BaseModel):
 # -- chat events -----------------------------------------------------------------------------------------------
 
 
+def _not_null(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of an optional field that may be left out but not given as ``null``."""
+    choices = [c for c in schema.pop("anyOf", []) if c != {"type": "null"}]
+    schema.pop("default", None)
+    if len(choices) == 1:
+        schema.update(choices[0])
+
+
+def _exactly_one(*names: str) -> Any:
+    def extra(schema: dict[str, Any]) -> None:
+        schema["oneOf"] = [{"required": [name]} for name in names]
+
+    return extra
+
+
 class MessageAdded(BaseModel):
     """A new message (``message``), or a batch (``messages``, e.g. syncing a chat); an existing floor is
-    re-ingested, so re-sending a chat is idempotent."""
+    re-ingested, so re-sending a chat is idempotent. Exactly one of the two is given (the schema's ``oneOf``),
+    and not as ``null``."""
 
-    model_config = _Strict
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_exactly_one("message", "messages"))
 
     type: Literal["message_added"]
-    message: ChatMessage | None = None
-    messages: list[ChatMessage] | None = Field(default=None, max_length=MAX_BATCH)
+    message: ChatMessage | None = Field(default=None, json_schema_extra=_not_null)
+    messages: list[ChatMessage] | None = Field(
+        default=None, max_length=MAX_BATCH, json_schema_extra=_not_null, description="Each floor once."
+    )
 
     @model_validator(mode="after")
     def _one_of(self) -> MessageAdded:
-        if (self.message is None) == (self.messages is None):
+        given = [name for name in ("message", "messages") if name in self.model_fields_set]
+        if len(given) != 1:
             raise ValueError("give exactly one of 'message' and 'messages'")
+        if getattr(self, given[0]) is None:
+            raise ValueError(f"'{given[0]}' must not be null")
         return self
 
     @property
@@ -87,13 +116,26 @@ class MessageEdited(BaseModel):
     message: ChatMessage
 
 
+def _assistant(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a message that must be an assistant message."""
+    schema["allOf"] = [{"$ref": schema.pop("$ref")}, {"properties": {"role": {"const": "assistant"}}}]
+
+
 class MessageSwiped(BaseModel):
-    """An assistant message was swiped to another alternative (``message`` holds the shown text)."""
+    """An assistant message was swiped to another alternative (``message`` holds the shown text; its role is
+    ``assistant``)."""
 
     model_config = _Strict
 
     type: Literal["message_swiped"]
-    message: ChatMessage
+    message: ChatMessage = Field(json_schema_extra=_assistant)
+
+    @field_validator("message")
+    @classmethod
+    def _assistant_message(cls, message: ChatMessage) -> ChatMessage:
+        if message.role != "assistant":
+            raise ValueError(f"a swipe replaces an assistant message; got role {message.role!r}")
+        return message
 
 
 class MessageDeleted(BaseModel):
@@ -105,7 +147,7 @@ class MessageDeleted(BaseModel):
     model_config = _Strict
 
     type: Literal["message_deleted"]
-    floor: int = Field(ge=0, le=10_000_000)
+    floor: StrictInt = Field(ge=0, le=10_000_000)
     shift: StrictBool = False
 
 
@@ -151,7 +193,9 @@ class SyncRequest(BaseModel):
 
     model_config = _Strict
 
-    messages: list[ChatMessage] = Field(max_length=MAX_SYNC_MESSAGES)
+    messages: list[ChatMessage] = Field(
+        max_length=MAX_SYNC_MESSAGES, description="Floors 0 … n-1, each once, in any order."
+    )
 
 
 SyncState = Literal["ingesting", "embedding", "done", "failed"]
@@ -187,20 +231,72 @@ class SyncStatus(BaseModel):
 # -- graph ------------------------------------------------------------------------------------------------------
 
 
-class NodeBatch(BaseModel):
-    """Nodes to insert or replace (by id)."""
+def _json_object(*, named: bool) -> Any:
+    """``json_schema_extra`` of a ``dict[str, Any]`` of JSON values (``named``: keys must not be empty)."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["additionalProperties"] = {"$ref": json_value_ref()}
+        if named:
+            schema["propertyNames"] = {"minLength": 1}
+
+    return extra
+
+
+class ScopeIn(BaseModel):
+    """The memory scope of a node or edge in a request body, typed exactly (no coercion, unlike the lenient
+    :class:`~memory_recall.model.graph.MemoryScope` the ST-BME importer feeds), then normalised by it (owner
+    fields blank on the objective layer, the primary region appended to the path …)."""
 
     model_config = _Strict
 
-    nodes: list[Node] = Field(min_length=1, max_length=MAX_BATCH)
+    layer: Literal["objective", "pov"] = "objective"
+    owner_type: Literal["", "character", "user"] = ""
+    owner_id: StrictStr = ""
+    owner_name: StrictStr = ""
+    region_primary: StrictStr = ""
+    region_path: tuple[StrictStr, ...] = ()
+    region_secondary: tuple[StrictStr, ...] = ()
+
+
+class NodeIn(Node):
+    """A node in a request body: a :class:`~memory_recall.model.graph.Node` with an exactly typed ``scope``;
+    :meth:`to_node` is the node stored."""
+
+    scope: ScopeIn = Field(default_factory=ScopeIn)  # type: ignore[assignment]
+    fields: dict[str, Any] = Field(default_factory=dict, json_schema_extra=_json_object(named=True))
+    extra: dict[str, Any] = Field(default_factory=dict, json_schema_extra=_json_object(named=True))
+
+    def to_node(self) -> Node:
+        return Node.model_validate(self.model_dump())
+
+
+class EdgeIn(Edge):
+    """An edge in a request body: an :class:`~memory_recall.model.graph.Edge` with an exactly typed ``scope``;
+    :meth:`to_edge` is the edge stored."""
+
+    scope: ScopeIn = Field(default_factory=ScopeIn)  # type: ignore[assignment]
+    extra: dict[str, Any] = Field(default_factory=dict, json_schema_extra=_json_object(named=False))
+
+    def to_edge(self) -> Edge:
+        return Edge.model_validate(self.model_dump())
+
+
+class NodeBatch(BaseModel):
+    """Nodes to insert or replace (by id; a node repeated in the batch is written once, with its last value).
+    A node's ``seq_range`` starts at or before its end."""
+
+    model_config = _Strict
+
+    nodes: list[NodeIn] = Field(min_length=1, max_length=MAX_BATCH)
 
 
 class EdgeBatch(BaseModel):
-    """Edges to insert or replace (by id); both ends must exist in the chat."""
+    """Edges to insert or replace (by id); an edge joins two different nodes, and both must exist in the chat
+    (else 404 naming the edge)."""
 
     model_config = _Strict
 
-    edges: list[Edge] = Field(min_length=1, max_length=MAX_BATCH)
+    edges: list[EdgeIn] = Field(min_length=1, max_length=MAX_BATCH)
 
 
 class IdBatch(BaseModel):
@@ -209,6 +305,65 @@ class IdBatch(BaseModel):
     model_config = _Strict
 
     ids: list[Annotated[StrictStr, Field(min_length=1, max_length=128)]] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class StbmeImport(BaseModel):
+    """The schema of ``POST /v1/chats/{chat_id}/import`` (the body is read by
+    :func:`~memory_recall.ingest.import_stbme_report`, not by this model): an ST-BME graph export. Nodes need a
+    known ``type``; an ``id`` is a usable id, a number, or empty/``null`` (derived); other keys of a node are kept
+    as extra data (JSON values, non-empty names). Not stated here, so refused with a 422 naming the item: two
+    nodes with one id, and an edge whose ends both exist with an unusable id or extra value (edges whose ends do
+    not exist are skipped with a warning). Also accepted, and not described: a wrapper object holding the export
+    under one key (``{"graph": {...}}``, also as JSON text, up to three levels deep)."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra=lambda schema: schema.update(
+            properties={
+                "nodes": {"type": "array", "items": _STBME_NODE},
+                "edges": {"anyOf": [{"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
+            },
+            required=["nodes"],
+        ),
+    )
+
+
+def _number_below(limit: int, minimum: int | None = None) -> dict[str, Any]:
+    number: dict[str, Any] = {"type": "number", "exclusiveMaximum": limit}
+    if minimum is not None:
+        number["minimum"] = minimum
+    return {"anyOf": [number, {"not": {"type": "number"}}]}  # a non-number is replaced, with a warning
+
+
+_STBME_NODE: dict[str, Any] = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {
+        "id": {
+            "anyOf": [
+                {"type": "string", "maxLength": 0},
+                {"type": "string", "maxLength": MAX_ID_LENGTH, "pattern": ID_PATTERN},
+                {"type": "integer"},
+                {"type": "null"},
+            ]
+        },
+        "type": {"type": "string", "enum": list(NODE_TYPES)},
+        "fields": {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "propertyNames": {"minLength": 1},
+                    "additionalProperties": {"$ref": json_value_ref()},
+                },
+                {"type": "null"},
+            ]
+        },
+        "seq": _number_below(10_000_001, minimum=-1),  # floored: -1 … 10,000,000
+        "level": _number_below(65),  # floored, and below 0 raised to 0: at most 64
+    },
+    "propertyNames": {"minLength": 1},
+    "additionalProperties": {"$ref": json_value_ref()},
+}
 
 
 class WriteResult(BaseModel):
@@ -244,14 +399,16 @@ class RecordEdit(BaseModel):
 
 
 class RerecallBody(BaseModel):
-    """Optional context of a forced re-recall (without ``messages`` the floor's text comes from its record)."""
+    """Optional context of a forced re-recall (without ``messages`` the floor's text comes from its record).
+    The fields are those of the recall request: ``messages`` in floor order, each floor once, and the floor
+    re-recalled a user message when it is among them."""
 
     model_config = _Strict
 
     messages: list[ChatMessage] = Field(default_factory=list, max_length=1000)
-    query_text: StrictStr = Field(default="", max_length=MAX_MESSAGE_CHARS)
-    active_region: StrictStr = Field(default="", max_length=200)
-    options: dict[str, dict[str, Any]] | None = None
+    query_text: NulFreeStr = Field(default="", max_length=MAX_MESSAGE_CHARS)
+    active_region: NulFreeStr = Field(default="", max_length=200)
+    options: dict[str, dict[str, Any]] | None = Field(default=None, json_schema_extra=options_json_schema)
 
 
 # -- chats, health ----------------------------------------------------------------------------------------------
@@ -268,6 +425,42 @@ class ChatSummary(BaseModel):
 
 class ChatList(BaseModel):
     chats: list[ChatSummary]
+
+
+class ChatStats(BaseModel):
+    """Counts of one chat (:meth:`~memory_recall.store.Store.stats`): ``embedded`` counts nodes with a vector
+    per embedding model id."""
+
+    chat_id: str
+    version: int
+    node_count: int
+    nodes_by_type: dict[str, int]
+    archived_count: int
+    edge_count: int
+    embedded: dict[str, int]
+    record_count: int
+
+
+class StbmeExport(BaseModel):
+    """An ST-BME graph export (:func:`~memory_recall.ingest.export_stbme`, GRAPH_VERSION 9, camelCase keys);
+    ``POST …/import`` reads it back to an equal graph."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The export's own camelCase keys, in its order (the response keeps them so).
+    version: int
+    nodes: list[dict[str, Any]]
+    edges: list[dict[str, Any]]
+    historyState: dict[str, Any]
+    knowledgeState: dict[str, Any]
+    regionState: dict[str, Any]
+    timelineState: dict[str, Any]
+    summaryState: dict[str, Any]
+    batchJournal: list[dict[str, Any]]
+    lastProcessedSeq: int
+    lastRecallResult: None
+    vectorIndexState: dict[str, Any]
+    maintenanceJournal: list[Any]
 
 
 class HealthBody(BaseModel):

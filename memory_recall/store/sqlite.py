@@ -33,6 +33,10 @@ Contract
   version and table options it was built with and is rebuilt when they change.
 * **Scoping.** Every row belongs to a validated chat id (:func:`validate_chat_id`), except the global
   embedding cache. Model validation errors surface as :class:`InputError` naming the field.
+* **File modes.** A store file this code creates is mode 0600 (SQLite gives its ``-wal`` and ``-shm`` files the
+  mode of the database file), and a data directory :meth:`Store.open` creates is 0700 (both narrowed further by
+  the umask): the chats are private. Existing files and directories keep their modes (an operator may have
+  opened them to a backup group on purpose); ``memory-recall serve`` warns about store files others may read.
 
 Ordering: nodes and edges come back in insertion order (an update keeps a row's place); records by user floor;
 ties in BM25 scores break by node id (byte order).
@@ -40,6 +44,7 @@ ties in BM25 scores break by node id (byte order).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -112,6 +117,7 @@ __all__ = [
     "StoreReader",
     "StoreWriter",
     "default_data_dir",
+    "chat_id_pattern",
     "fts_columns",
     "validate_chat_id",
 ]
@@ -191,6 +197,35 @@ def validate_chat_id(chat_id: object) -> str:
     if ".." in chat_id:
         raise InputError("chat_id", "must not contain '..'")
     return chat_id
+
+
+@functools.cache
+def chat_id_pattern() -> str:
+    """The regular expression that, with a length of 1 to :data:`MAX_CHAT_ID_LENGTH`, matches exactly the ids
+    :func:`validate_chat_id` accepts (the ``pattern`` of every chat id in the service's OpenAPI schema).
+
+    Python's ``re`` and JSON Schema validators read it alike: no shorthand classes (``\\w`` means ASCII to
+    some engines and Unicode to others), no lookaround; the letters and decimal digits are listed from this
+    Python's Unicode database, so the two agree on every code point. Built once (about 0.1 s).
+    """
+    allowed = [c for c in range(sys.maxunicode + 1) if chr(c).isalpha() or unicodedata.category(chr(c)) == "Nd"]
+    allowed += [ord(ch) for ch in "_:@-"]
+    allowed.sort()
+    ranges: list[list[int]] = []
+    for c in allowed:
+        if ranges and ranges[-1][1] == c - 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+
+    def char(c: int) -> str:
+        return "\\-" if c == ord("-") else chr(c)
+
+    body = "".join(char(a) if a == b else f"{char(a)}-{char(b)}" for a, b in ranges)
+    first = f"[{body}]"  # anything but a space or a dot
+    # Then runs of characters where a dot is always followed by a non-dot (no "..") and the last character is
+    # not a space: (an optional dot, then a non-dot)*, ending in a non-space or in a single dot.
+    return f"^{first}(?:(?:\\.?[{body} ])*(?:\\.?{first}|\\.))?$"
 
 
 @dataclass(frozen=True, slots=True)
@@ -1326,7 +1361,7 @@ class StoreWriter(StoreReader):
             for attr in ("from_id", "to_id"):
                 end = getattr(edge, attr)
                 if end not in present:
-                    raise InputError(
+                    raise NotFound(
                         f"edges[{i}].{attr}",
                         f"edge {edge.id!r} points at node {end!r}, "
                         f"which does not exist in chat {self.chat_id!r}",
@@ -1602,6 +1637,20 @@ def _cache_put(conn: sqlite3.Connection, model_id: str, items: Mapping[str, np.n
     return len(rows)
 
 
+def _create_private(path: Path) -> None:
+    """Create ``path`` as an empty file of mode 0600 unless something exists there (an empty file is an empty
+    SQLite database; SQLite would create it 0644). Raises :class:`StoreError` when it cannot be created."""
+    if path.exists():
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return  # another process created it meanwhile
+    except OSError as exc:
+        raise StoreError(f"cannot open the store {path}: {exc}") from exc
+    os.close(fd)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # The store
 # ------------------------------------------------------------------------------------------------------------
@@ -1635,6 +1684,7 @@ class Store:
         self._pool_lock = threading.Lock()
         self._pool: list[sqlite3.Connection] = []
         self._closed = False
+        _create_private(self._path)
         self._conn = self._connect(write=True)
         try:
             self._setup()
@@ -1647,7 +1697,8 @@ class Store:
         """Open the store of a data directory (see :func:`default_data_dir`), creating the directory."""
         directory = default_data_dir(data_dir)
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            # 0700 applies to the last component only; missing parents get the default mode, as with mkdir -p.
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the data directory {directory}: {exc}") from exc
         return cls(directory / DB_FILENAME, busy_timeout=busy_timeout)

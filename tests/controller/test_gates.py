@@ -102,6 +102,24 @@ class TestGateTable:
             "generation-type-skipped:quiet"
         )
 
+    @pytest.mark.parametrize("field", ["query_text", "override_text"])
+    def test_explicit_text_without_messages_recalls(
+        self, controller: RecallController, counting: CountingPipeline, field: str
+    ) -> None:
+        """Gate 4's departure: a chat's graph is there to recall from when the request brings the text."""
+        resp = controller.run_recall(request([], **{field: "Where did Marcus hide the brass key?"}))
+        assert (resp.status, resp.reason) == ("completed", "recall-completed")
+        assert counting.queries == ["Where did Marcus hide the brass key?"]
+        assert resp.selected_node_ids  # the chat's graph answered
+
+    @pytest.mark.parametrize("blank", ["", "   ", "\n\t"])
+    def test_blank_text_without_messages_is_an_empty_chat(
+        self, controller: RecallController, counting: CountingPipeline, blank: str
+    ) -> None:
+        resp = controller.run_recall(request([], query_text=blank, override_text=blank))
+        assert (resp.status, resp.reason) == ("skipped", "empty-chat")
+        assert counting.calls == 0
+
     def test_trivial_history_floor(self, controller: RecallController) -> None:
         msgs = [ChatMessage(floor=0, role="user", text="/sys narrate"),
                 ChatMessage(floor=1, role="assistant", text="x")]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from memory_recall.errors import InputError, NotFound
 from memory_recall.ingest.messages import (
@@ -400,7 +401,11 @@ class TestValidation:
         assert err.value.field == "messages[1].floor"
 
     def test_send_time_out_of_range(self) -> None:
-        late = ChatMessage(floor=0, role="user", text="hi", send_time_ms=10**15)
+        with pytest.raises(ValidationError) as exc:  # the message model bounds it: up to the year 9999
+            ChatMessage(floor=0, role="user", text="hi", send_time_ms=10**15)
+        assert exc.value.errors()[0]["loc"] == ("send_time_ms",)
+        # A message built without validation is still caught before anything is planned.
+        late = ChatMessage.model_construct(floor=0, role="user", text="hi", send_time_ms=10**15)
         with pytest.raises(InputError) as err:
             plan_messages([ENGLISH[1], late], None, NOW)
         assert err.value.field == "messages[1].send_time_ms"

@@ -5,6 +5,7 @@ documents the request fields."""
 from __future__ import annotations
 
 import re
+import socket
 from typing import Any
 
 import httpx
@@ -71,11 +72,35 @@ class TestDocsPages:
         paths = client.get("/openapi.json").json()["paths"]
         assert [p for p in paths if not p.startswith("/v1/")] == []
 
-    def test_token_still_guards_docs_and_assets(self, live_server: Any) -> None:
-        server, client = live_server(token="s3cret-token")
-        for path in ("/docs", "/redoc", "/docs/assets/swagger-ui-bundle.js"):
+    def test_token_guards_docs_and_assets_without_public_docs(self, live_server: Any) -> None:
+        server, client = live_server(token="s3cret-token", public_docs=False)
+        for path in ("/docs", "/redoc", "/docs/assets/swagger-ui-bundle.js", "/openapi.json"):
             assert httpx.get(server.url + path).status_code == 401, path
             assert client.get(path).status_code == 200, path
+
+    def test_public_docs_open_without_the_token(self, live_server: Any) -> None:
+        # The default: the docs open in a browser, which cannot send the bearer token; the API stays closed.
+        server, _ = live_server(token="s3cret-token")
+        with httpx.Client(base_url=server.url) as anon:
+            for path in ("/docs", "/redoc", "/docs/assets/swagger-ui-bundle.js", "/openapi.json"):
+                assert anon.get(path).status_code == 200, path
+            assert anon.get("/openapi.json").json()["info"]["title"] == "memory-recall"
+            for path in ("/v1/chats", "/v1/version", "/docs/", "/openapi.json/", "/redoc/x", "/docsx"):
+                assert anon.get(path).status_code == 401, path
+
+    def test_public_asset_prefix_opens_nothing_else(self, live_server: Any) -> None:
+        # uvicorn percent-decodes the path but leaves '..' in it: a traversal under the open prefix reaches no route.
+        server, client = live_server(token="s3cret-token")
+        assert client.post("/v1/chats/c1/nodes", json={"nodes": [{"id": "n1", "type": "event"}]}).status_code == 200
+        port = server.url.rsplit(":", 1)[1]
+        for raw in (b"/docs/assets/../../v1/chats", b"/docs/assets/..%2F..%2Fv1%2Fchats", b"/docs/assets/%2e%2e/x"):
+            with socket.create_connection(("127.0.0.1", int(port)), timeout=30) as sock:
+                sock.sendall(b"GET " + raw + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                data = b""
+                while chunk := sock.recv(65536):
+                    data += chunk
+            assert data.startswith(b"HTTP/1.1 404 "), raw
+            assert b"c1" not in data, raw
 
 
 def test_openapi_shows_the_locale_field(live_server: Any) -> None:

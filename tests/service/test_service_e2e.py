@@ -148,10 +148,13 @@ class TestErrors:
             r = client.post("/v1/chats/c1/events", json={"type": "message_edited", "message": message})
             assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == key
         ok = {"floor": 0, "role": "user", "text": "hi"}
+        assert client.post("/v1/chats/c1/events", json={"type": "message_added", "messages": [ok]}).status_code == 200
         assert client.post("/v1/chats/c1/events", json={"type": "message_edited", "message": ok}).status_code == 200
 
     def test_invalid_field_is_named(self, live_server: Any) -> None:
         _, client = live_server()
+        add = {"type": "message_added", "messages": [{"floor": 0, "role": "user", "text": "hi"}]}
+        assert client.post("/v1/chats/c1/events", json=add).status_code == 200
         bad = {"chat_id": "c1", "messages": [{"floor": -1, "role": "user", "text": "hi"}]}
         r = client.post("/v1/recall", json=bad)
         assert r.status_code == 422
@@ -162,6 +165,8 @@ class TestErrors:
 
     def test_oversized_body_is_413(self, live_server: Any) -> None:
         _, client = live_server(max_body_bytes=4096)
+        add = {"type": "message_added", "messages": [{"floor": 0, "role": "user", "text": "hi"}]}
+        assert client.post("/v1/chats/c1/events", json=add).status_code == 200
         big = {"chat_id": "c1", "query_text": "x" * 10_000}
         r = client.post("/v1/recall", json=big)
         assert r.status_code == 413 and "4096" in r.json()["error"]

@@ -24,7 +24,7 @@ from memory_recall.service.app import log_config
 CLI = Path(sys.executable).with_name("memory-recall")
 QUERY = "Where did Marcus hide the brass key?"
 RECALL_LINE = re.compile(
-    r"INFO:     recall chat='log-chat' type=normal floor=0 -> completed/recall-completed source=none \d+\.\d ms"
+    r"INFO:     recall chat='log-chat' type=normal floor=0 -> completed/recall-completed source=fresh \d+\.\d ms"
 )
 
 
@@ -74,6 +74,9 @@ def _recall_and_stop(tmp_path: Path, *extra: str) -> tuple[dict[str, object], st
         "target_user_floor": 0,
     }
     with _serve(tmp_path, *extra) as (client, port, stderr):
+        # The host sends the message first (a recall for a chat the service does not hold is a 404).
+        added = client.post("/v1/chats/log-chat/events", json={"type": "message_added", "messages": body["messages"]})
+        assert added.status_code == 200
         response = client.post("/v1/recall", json=body)
         assert response.status_code == 200
     return response.json(), stderr[0], port
@@ -82,7 +85,7 @@ def _recall_and_stop(tmp_path: Path, *extra: str) -> tuple[dict[str, object], st
 class TestServeLogs:
     def test_one_recall_line_in_uvicorn_format(self, tmp_path: Path) -> None:
         data, stderr, port = _recall_and_stop(tmp_path)
-        assert (data["status"], data["reason"], data["source"]) == ("completed", "recall-completed", "none")
+        assert (data["status"], data["reason"], data["source"]) == ("completed", "recall-completed", "fresh")
         lines = stderr.splitlines()
         recall_lines = [line for line in lines if " recall chat=" in line]
         assert len(recall_lines) == 1 and RECALL_LINE.fullmatch(recall_lines[0]), recall_lines
@@ -117,3 +120,29 @@ class TestLogConfig:
         assert str(err.value) == (
             "log_level: unknown log level 'verbose'; expected one of critical, error, warning, info, debug, trace"
         )
+
+
+def test_port_0_serves_on_a_free_port_and_says_which(tmp_path: Path) -> None:
+    """``serve --port 0`` binds any free port (not the default 8765) and names it in the start-up line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMORY_RECALL_")}
+    env["MEMORY_RECALL_EMBEDDING__PROVIDER"] = "none"
+    proc = subprocess.Popen(
+        [str(CLI), "serve", "--port", "0", "--data-dir", str(tmp_path / "data")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        assert proc.stderr is not None
+        started = re.compile(r"INFO:     Uvicorn running on http://127\.0\.0\.1:(\d+) \(Press CTRL\+C to quit\)")
+        deadline = time.monotonic() + 60
+        match = None
+        while match is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            assert line, f"serve exited with {proc.wait()}"
+            match = started.fullmatch(line.rstrip("\n"))
+        assert match is not None
+        port = int(match.group(1))
+        assert port not in (0, 8765)
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=30).json() == {"status": "ok"}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)

@@ -214,14 +214,15 @@ def test_index_table_rows_equal_the_node_index_of_each_node() -> None:
 def test_packed_index_rows_equal_the_node_index_of_each_node() -> None:
     """``nodes.ixb`` / ``nodes.ixs`` decode to the node index of each node, extreme values included."""
     graph, _ = _graph(12)
-    extra = Node(id="wide", type="event", seq=3, seq_range=(-1, 2**62), importance=0.125,
+    extra = Node(id="wide", type="event", seq=3, seq_range=(-1, 2**53 - 1), importance=0.125,
                  created_time=253_402_300_799_999, fields={"title": "Ünïcode \u2028 title", "visibility": ["a", "b"]})
     open_ended = Node(id="open", type="rule", seq=4, seq_range=None)
     rows = [node_index(nd) for nd in (*graph.nodes, open_ended, extra)]
     blobs, strings = [r.to_packed() for r in rows], [r.strings_json() for r in rows]
     table = NodeIndexTable.from_packed(blobs, strings)
     assert list(table) == rows
-    assert rows[-1].seq_end == 2**62 and table[-1].seq_end == 2**62 and table[-1].created_time == 253_402_300_799_999
+    assert rows[-1].seq_end == 2**53 - 1 and table[-1].seq_end == 2**53 - 1
+    assert table[-1].created_time == 253_402_300_799_999
     assert any(r.seq_start is None for r in rows) and any(r.visibility for r in rows)
     # The snapshot built from packed rows equals the one built from the rows themselves.
     assert table.columns()["seq_end"].dtype == np.float64

@@ -157,8 +157,7 @@ export function startExtension({ getContext, scriptModule, document = null, glob
             return;
         }
         const started = Date.now();
-        try {
-            reconcile();
+        const ask = async () => {
             await outbox.flush({ chatId: id, deadlineMs: FLUSH_BEFORE_RECALL_MS });
             await ingested(id, INGEST_WAIT_MS);
             const c = ctx();
@@ -166,11 +165,25 @@ export function startExtension({ getContext, scriptModule, document = null, glob
                 chatId: id, chat: c.chat || [], type: kind, names: { character: c.name2, user: c.name1 },
                 locale: locale(), toMillis,
             });
-            if (request === null) {
+            if (request === null) return null;
+            return client.call('POST', '/v1/recall', request, { timeoutMs: RECALL_TIMEOUT_MS });
+        };
+        try {
+            reconcile();
+            let out;
+            try {
+                out = await ask();
+            } catch (err) {
+                if (err?.status !== 404) throw err;
+                // The service does not hold this chat (its store was reset or moved): send it whole, ask again.
+                outbox.markUnknown(id);
+                reconcile();
+                out = await ask();
+            }
+            if (out === null) {
                 inject('');
                 return;
             }
-            const out = await client.call('POST', '/v1/recall', request, { timeoutMs: RECALL_TIMEOUT_MS });
             const text = out.status === 'completed' ? out.injection_text : '';
             inject(text);
             const ms = Date.now() - started;

@@ -219,6 +219,24 @@ test('a deletion in the middle is one request; the service holds the chat as sho
     assert.equal(host.requests[0], `POST /v1/chats/${encodeURIComponent(host.id)}/events message_edited`);
 });
 
+test('a service that lost the chat gets it whole from the recall that finds it missing', { skip }, async () => {
+    const host = fakeHost('current', SERVICE, []);
+    for (const line of STORY) await host.send(line);
+    const first = await host.send('What did the captain hide in the chapel?');
+    assert.ok(first.value.includes('silver map'), first.value);
+    await host.settle();
+    // The store was reset behind the extension's back: the service no longer knows the chat.
+    const chat = `/v1/chats/${encodeURIComponent(host.id)}`;
+    assert.equal((await fetch(`${SERVICE}${chat}`, { method: 'DELETE' })).status, 200);
+    host.requests.length = 0;
+    const again = await host.generate('regenerate');
+    assert.deepEqual(host.requests, ['POST /v1/recall', `POST ${chat}/sync`, 'POST /v1/recall']);
+    assert.ok(again.value.includes('silver map'), again.value);
+    assert.equal(host.ext.status.error, '');
+    await host.settle();
+    assert.deepEqual(await host.serviceTexts(), host.chat.map((m) => m.mes));
+});
+
 for (const [variant, limit] of [['1.12', 1000], ['current', 10000]]) {
     test(`${variant}: a depth in the chat history stays within what the host accepts (settings of 0.1 migrate)`,
         { skip }, async () => {
