@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
 import tarfile
 import time
 from collections.abc import Iterator, Mapping
@@ -82,6 +83,8 @@ class HostVersion:
     webpack: bool = False
     chat_names_per_second: bool = False
     install_timeout: float = 600.0
+    #: Oldest Node.js major version the release runs on (its package.json ``engines.node``).
+    node_major: int = 18
 
 
 _COMMON_CONFIG: dict[str, Any] = {
@@ -109,6 +112,7 @@ VERSIONS: dict[str, HostVersion] = {
         version=SILLYTAVERN_CURRENT,
         source="npm",
         top_dir="package",
+        node_major=20,
         install=("npm", "install", "--no-audit", "--no-fund", "--omit=dev"),
         config={**_COMMON_CONFIG, "browserLaunch.enabled": False, "extensions.autoUpdate": False,
                 "extensions.models.autoDownload": False, "whitelistDockerHosts": False},
@@ -128,11 +132,25 @@ def tarball_path() -> Path:
     return REPO_ROOT.parent / "shared" / "vendor" / f"sillytavern-{SILLYTAVERN_LEGACY}.tar.gz"
 
 
+def node_major_version() -> int | None:
+    """The major version of the ``node`` on PATH (``v20.11.1`` → 20); ``None`` when it gives none."""
+    try:
+        out = subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    head = out.removeprefix("v").split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
 def check_prerequisites(spec: HostVersion) -> None:
     """Skip (or fail under ``require``) when this version cannot be installed or run here."""
     for tool in ("node", "npm", "git"):
         if shutil.which(tool) is None:
             missing(f"`{tool}` is not on PATH (SillyTavern {spec.version} needs it)")
+    major = node_major_version()
+    if major is None or major < spec.node_major:
+        missing(f"SillyTavern {spec.version} needs Node.js >= {spec.node_major}; `node --version` gives "
+                f"{'no version' if major is None else major}")
     if spec.source == "tarball" and not tarball_path().is_file():
         missing(f"SillyTavern {spec.version} tarball not found at {tarball_path()} (set {ENV_TARBALL})")
 
