@@ -110,7 +110,9 @@ class TestGateTable:
         resp = controller.run_recall(request([], **{field: "Where did Marcus hide the brass key?"}))
         assert (resp.status, resp.reason) == ("completed", "recall-completed")
         assert counting.queries == ["Where did Marcus hide the brass key?"]
-        assert resp.selected_node_ids  # the chat's graph answered
+        # The chat's graph answered: first the one name the question gives (Marcus, an entity anchor), then the one
+        # message that asks Marcus about a key.
+        assert resp.selected_node_ids[:2] == ["ent:marcus", "msg:6"]
 
     @pytest.mark.parametrize("blank", ["", "   ", "\n\t"])
     def test_blank_text_without_messages_is_an_empty_chat(
