@@ -670,7 +670,7 @@ def load_settings(
     merged = from_env.model_dump()
     for section, values in profile_values.items():
         for key, value in values.items():
-            if _explicitly_set(explicit, section, key) or _env_set(section, key):
+            if _explicitly_set(explicit, section, key):  # explicit holds the environment's values too
                 continue
             merged[section][key] = value
     return _validate(merged, "settings")
@@ -679,11 +679,6 @@ def load_settings(
 def _explicitly_set(explicit: dict[str, Any], section: str, key: str) -> bool:
     sec = explicit.get(section)
     return isinstance(sec, dict) and key in sec
-
-
-def _env_set(section: str, key: str) -> bool:
-    name = f"MEMORY_RECALL_{section}__{key}".upper()
-    return any(k.upper() == name for k in os.environ)
 
 
 _ENV_PREFIX = "MEMORY_RECALL_"

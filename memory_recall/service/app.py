@@ -509,9 +509,14 @@ def _check_whole_chat(messages: Sequence[ChatMessage]) -> None:
             )
 
 
-async def _require_chat(svc: _Service, chat_id: str) -> None:
-    if await svc.run(svc.store.chat_version, chat_id) == 0:
+def _check_chat(store: Store, chat_id: str) -> None:
+    """:class:`NotFound` naming ``chat_id`` unless the store holds the chat (call in a worker thread)."""
+    if store.chat_version(chat_id) == 0:
         raise NotFound("chat_id", f"unknown chat {chat_id!r}")
+
+
+async def _require_chat(svc: _Service, chat_id: str) -> None:
+    await svc.run(_check_chat, svc.store, chat_id)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -607,8 +612,8 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
 
         def run() -> RecallResponse:
             # A recall never writes a chat: one the store has never seen is the host's mistake (send it first).
-            if svc.store.chat_version(body.chat_id) == 0:
-                raise NotFound("chat_id", f"unknown chat {body.chat_id!r}")
+            # Checked in the recall's own worker thread (no second hop).
+            _check_chat(svc.store, body.chat_id)
             result: RecallResponse = svc.controller.run_recall(body)
             return result
 
