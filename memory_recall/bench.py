@@ -26,7 +26,12 @@ Each size runs in a fresh subprocess (so peak RSS is per size) and:
    ``snapshot_build_ms``);
 5. times ``--service`` recalls (default 20, after two warm-up ones) through the recall controller on a copy of
    the store, as the service runs them: a new user turn each time, records persisted and access reinforcement
-   written after every recall (which gives the chat a new version).
+   written after every recall (which gives the chat a new version);
+6. times ``--turns`` user turns (default 10, after two warm-up ones) on another copy: one ``message_added`` event
+   ingested as the service does, the snapshot brought up to date and the next recall while a thread embeds the
+   event's nodes as the service's background worker does (``turn_ms`` and each part), beside a warm recall of
+   the same run (``warm_ms``), with the real local embedder for the new nodes and the queries when it is
+   installed.
 
 BLAS is limited to one thread inside the benchmark (threadpoolctl) so the two shared cores are not
 oversubscribed. The JSON written to ``--out`` is a list with one object per size (see :func:`bench_size`).
@@ -43,6 +48,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
@@ -393,7 +399,7 @@ def write_graph(n: int, path: Path, *, chunk: int = 5000) -> dict[str, Any]:
 
 def bench_size(
     n: int, *, repeat: int = 5, chunk: int = 5000, profile: str = "", store_dir: str = "", first: int = 5,
-    service: int = 20,
+    service: int = 20, turns: int = 10,
 ) -> dict[str, Any]:
     """Benchmark one graph size in this process; returns its JSON object.
 
@@ -412,7 +418,9 @@ def bench_size(
     open a second store), ``first_recall_ms`` (p50, p95 of the first recall on a fresh
     snapshot without a BM25 index, query embedding excluded) with ``first_recall_stages``, ``service_recall_ms``
     (p50, p95 of a controller recall with persistence and reinforcement, query embedding excluded),
-    ``embedding_matrix_mb``, ``rss_target_mb`` and ``query_embedding`` (``local`` or ``random``).
+    ``embedding_matrix_mb``, ``rss_target_mb`` and ``query_embedding`` (``local`` or ``random``); with
+    ``turns`` > 0 the user's turn (:func:`_bench_turn`): ``turn_ms``, ``warm_ms``, ``turn_parts_ms``
+    (``ingest``, ``embed``, ``snapshot``, ``recall``), ``embed_single_ms``, ``turn_target_ms``, ``turn_embedder``.
     """
     from memory_recall.settings import RecallSettings
     from memory_recall.store import Store
@@ -446,6 +454,10 @@ def bench_size(
             gc.collect()
             with _blas_one_thread():
                 _bench_service(path, out, plan, settings, service)
+        if turns > 0:
+            gc.collect()
+            with _blas_one_thread():
+                _bench_turn(path, out, plan, settings, turns)
     return out
 
 
@@ -563,10 +575,22 @@ def _bench_store(
     out["rss_target_mb"] = round(2.5 * matrix_mb + 200, 1)
 
 
+def _copy_store(path: Path, copy: Path) -> Path:
+    """``copy``, made a consistent copy of the store file at ``path`` (SQLite's online backup)."""
+    import sqlite3
+
+    src, dst = sqlite3.connect(path), sqlite3.connect(copy)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+    return copy
+
+
 def _bench_service(path: Path, out: dict[str, Any], plan: _Scene, settings: Any, count: int) -> None:
     """``service_recall_ms``: recalls through :class:`~memory_recall.controller.RecallController` on a copy of
     the store (records and reinforcement are written), one new user turn each, two warm-up turns first."""
-    import sqlite3
 
     from memory_recall.controller import RecallController, RecallRequest
     from memory_recall.model.chat import ChatMessage
@@ -575,13 +599,7 @@ def _bench_service(path: Path, out: dict[str, Any], plan: _Scene, settings: Any,
 
     embedder = _PassThroughEmbedder(LOCAL_MODEL_ID, {})
     with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / "service.sqlite3"
-        src, dst = sqlite3.connect(path), sqlite3.connect(copy)
-        try:
-            src.backup(dst)
-        finally:
-            src.close()
-            dst.close()
+        copy = _copy_store(path, Path(tmp) / "service.sqlite3")
         with Store(copy) as svc:
             controller = RecallController(svc, settings, embedder=embedder)
             times: list[float] = []
@@ -608,6 +626,105 @@ def _bench_service(path: Path, out: dict[str, Any], plan: _Scene, settings: Any,
                 if turn >= 2:
                     times.append(elapsed)
     out["service_recall_ms"] = _pct(times)
+
+
+def _bench_turn(path: Path, out: dict[str, Any], plan: _Scene, settings: Any, count: int) -> None:
+    """``turn_ms``: the user's turn on a copy of the store, as the service runs it — one ``message_added``
+    ingested (:meth:`~memory_recall.controller.RecallController.on_message_added`; the service answers the
+    event here), the snapshot brought up to date (``SnapshotCache.get``, what the recall does first) and the
+    recall of the next user floor, while a thread embeds the nodes the event wrote (``embed_missing`` on them,
+    what the service's background worker runs; ``embed`` is its own wall time, not part of the turn, but the
+    recall's query shares the engine with it) — with each component; beside it ``warm_ms``, a recall of the
+    same run with no message before it (the previous recall's reinforcement and record written, as in the
+    service). The recalls embed their query with
+    the real local embedder when it is installed (else seeded random vectors), so ``embed_single_ms`` (one
+    short passage and one query, timed alone) gives the target's terms: ``turn_ms`` p50 against
+    ``warm_ms`` p50 + 2 × single embedding + 30 ms. Two warm-up turns are not counted."""
+
+    from memory_recall.controller import RecallController, RecallRequest
+    from memory_recall.model.chat import ChatMessage
+    from memory_recall.providers.cache import embed_missing
+    from memory_recall.providers.embedding import LOCAL_MODEL_ID, LocalEmbedder, local_engine_available
+    from memory_recall.store import Store
+
+    embedder: Any = LocalEmbedder() if local_engine_available() else _PassThroughEmbedder(LOCAL_MODEL_ID, {})
+    parts: dict[str, list[float]] = {k: [] for k in ("turn", "ingest", "embed", "snapshot", "recall", "warm")}
+    single: dict[str, list[float]] = {"passage": [], "query": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = _copy_store(path, Path(tmp) / "turn.sqlite3")
+        with Store(copy) as store:
+            controller = RecallController(store, settings, embedder=embedder)
+            model_id = embedder.model_id
+
+            def recall(turn: int, floor: int, k: int, messages: list[ChatMessage]) -> float:
+                q = _query(plan, k, QUERIES[k])
+                request = RecallRequest(
+                    chat_id=CHAT, messages=messages, query_text=QUERIES[k], target_user_floor=floor,
+                    active_region=q.active_region, active_owner_keys=list(q.active_owner_keys or ()),
+                    now_ms=NOW_MS + turn,
+                )
+                start = time.perf_counter()
+                response = controller.run_recall(request)
+                elapsed = (time.perf_counter() - start) * 1000
+                if response.status != "completed":
+                    raise RuntimeError(f"turn recall {turn} ended {response.status}: {response.reason_text}")
+                return elapsed
+
+            for turn in range(count + 2):
+                k = turn % len(QUERIES)
+                floor = plan.n // 2 + 4 * turn  # after the synthetic graph's floors (see _bench_service)
+                said = ChatMessage(floor=floor, role="assistant", speaker=OWNERS[turn % len(OWNERS)],
+                                   text=f"{OWNERS[turn % len(OWNERS)]} says: {QUERIES[(k + 3) % len(QUERIES)]}")
+                asked = ChatMessage(floor=floor + 1, role="user", speaker=USER, text=QUERIES[k])
+                t0 = time.perf_counter()
+                report = controller.on_message_added(CHAT, said, now_ms=NOW_MS + turn).ingest
+                t1 = time.perf_counter()
+                # The service answers the event here and its worker embeds the new nodes meanwhile: the recall
+                # below shares the engine with that embedding (its query goes before the next passage slice).
+                wrote = report.node_ids if report is not None else ()
+                embed_ms: list[float] = []
+
+                def background(ids: Sequence[str] = wrote, into: list[float] = embed_ms) -> None:
+                    b0 = time.perf_counter()
+                    embed_missing(store, CHAT, embedder, node_ids=ids)
+                    into.append((time.perf_counter() - b0) * 1000)
+
+                worker = threading.Thread(target=background)
+                worker.start()
+                t2 = time.perf_counter()
+                controller.snapshot_cache.get(store, CHAT, model_id, now_ms=NOW_MS + turn)
+                t3 = time.perf_counter()
+                recall_ms = recall(turn, floor + 1, k, [said, asked])
+                worker.join()
+                controller.snapshot_cache.get(store, CHAT, model_id, now_ms=NOW_MS + turn)  # the vectors, untimed
+                # The warm recall of the same run: the next user floor, nothing written since the last recall
+                # but that recall's reinforcement and record.
+                w = (k + 1) % len(QUERIES)
+                warm_ms = recall(turn, floor + 3, w, [ChatMessage(floor=floor + 3, role="user", speaker=USER,
+                                                                  text=QUERIES[w])])
+                s0 = time.perf_counter()
+                embedder.embed_passages([said.text])
+                s1 = time.perf_counter()
+                embedder.embed_query(asked.text)
+                s2 = time.perf_counter()
+                if turn < 2:
+                    continue
+                for name, ms in (("ingest", t1 - t0), ("snapshot", t3 - t2)):
+                    parts[name].append(ms * 1000)
+                parts["embed"].append(embed_ms[0])
+                parts["recall"].append(recall_ms)
+                parts["turn"].append((t1 - t0 + t3 - t2) * 1000 + recall_ms)
+                parts["warm"].append(warm_ms)
+                single["passage"].append((s1 - s0) * 1000)
+                single["query"].append((s2 - s1) * 1000)
+    out["turn_ms"] = _pct(parts.pop("turn"))
+    out["warm_ms"] = _pct(parts.pop("warm"))
+    out["turn_parts_ms"] = {name: _pct(v) for name, v in parts.items()}
+    out["embed_single_ms"] = {name: _pct(v) for name, v in single.items()}
+    out["turn_embedder"] = "local" if isinstance(embedder, LocalEmbedder) else "random"
+    target = out["warm_ms"]["p50"] + out["embed_single_ms"]["passage"]["p50"] + out["embed_single_ms"]["query"][
+        "p50"] + 30.0
+    out["turn_target_ms"] = round(target, 3)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -640,6 +757,22 @@ def _table(results: Sequence[dict[str, Any]]) -> str:
             s = r["stages"].get(name)
             cells.append(f"{s['p50']:>7.2f}/{s['p95']:<7.2f}" if s else f"{'-':>15}")
         lines.append(f"{name:<18}" + " ".join(cells))
+    turned = [r for r in results if "turn_ms" in r]
+    if turned:
+        lines.append("")
+        lines.append(f"{'user turn p50/p95':<18}" + "".join(f"{r['nodes']:>16}" for r in turned))
+        rows: list[tuple[str, tuple[str, ...]]] = [("turn_ms", ("turn_ms",)), ("warm_ms", ("warm_ms",))]
+        rows += [(name, ("turn_parts_ms", name)) for name in ("ingest", "embed", "snapshot", "recall")]
+        rows += [(f"1 {name}", ("embed_single_ms", name)) for name in ("passage", "query")]
+        for label, keys in rows:
+            cells = []
+            for r in turned:
+                v = r
+                for key in keys:
+                    v = v[key]
+                cells.append(f"{v['p50']:>7.1f}/{v['p95']:<7.1f}")
+            lines.append(f"{label:<18}" + " ".join(cells))
+        lines.append(f"{'target p50':<18}" + " ".join(f"{r['turn_target_ms']:>15.1f}" for r in turned))
     lines.append("")
     lines.append(f"{'first recall p50':<18}" + "".join(f"{r['nodes']:>16}" for r in results))
     for name in list(dict.fromkeys(name for r in results for name in r.get("first_recall_stages", {}))):
@@ -669,6 +802,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="first recalls on a fresh snapshot per size")
     parser.add_argument("--service", type=int_in_range(0, 10_000), default=20,
                         help="recalls through the controller per size")
+    parser.add_argument("--turns", type=int_in_range(0, 10_000), default=10,
+                        help="user turns (message event + recall) per size")
     parser.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)  # worker mode: one size
     parser.add_argument("--write", type=int, default=0, help=argparse.SUPPRESS)  # writer mode: one graph
     parser.add_argument("--db", default="", help=argparse.SUPPRESS)
@@ -679,7 +814,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.one:
         json.dump(bench_size(args.one, repeat=args.repeat, profile=args.profile, store_dir=args.store_dir,
-                             first=args.first, service=args.service), sys.stdout)
+                             first=args.first, service=args.service, turns=args.turns), sys.stdout)
         return 0
     out = Path(args.out)
     if out.is_dir() or not out.parent.is_dir():
@@ -689,7 +824,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     for n in sizes:
         cmd = [sys.executable, "-m", "memory_recall.bench", "--one", str(n), "--repeat", str(args.repeat),
-               "--first", str(args.first), "--service", str(args.service)]
+               "--first", str(args.first), "--service", str(args.service), "--turns", str(args.turns)]
         if args.profile:
             cmd += ["--profile", f"{args.profile}.{n}.txt"]
         if args.store_dir:

@@ -275,6 +275,7 @@ def _run_recall(args: argparse.Namespace) -> Any:
     return cli_recall(
         getattr(args, "data_dir", None), _settings(args), chat_id=args.chat, text=args.input,
         recent=args.recent or (), region=args.region or "", owners=args.owner, persist=args.persist,
+        user_owner=args.user_owner or "",
     )
 
 
@@ -477,7 +478,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--input", required=True, help="the user's message to recall for")
         p.add_argument("--recent", action="append", help="a recent context line '[user]: …' (repeatable)")
         p.add_argument("--region", help="active region")
-        p.add_argument("--owner", action="append", help="active scene owner key, e.g. character:erin (repeatable)")
+        p.add_argument("--owner", action="append",
+                       help="active scene owner key, e.g. character:erin (repeatable; must be a key of the chat's "
+                            "knowledge state)")
+        p.add_argument("--user-owner", help="the user persona whose POV memories the block shows, e.g. user:wren")
         p.add_argument(
             "--persist", action="store_true",
             help="write the access reinforcement a host's recall writes (default: change nothing in the store)",

@@ -276,7 +276,8 @@ def embed_summary(store: Store, chat_id: str, settings: RecallSettings, *, skip:
 # ---------------------------------------------------------------------------------------------------------------
 
 #: Request fields the CLI fills from its options: a validation error names the option.
-_OPTION_OF = {"active_region": "--region", "active_owner_keys": "--owner", "query_text": "--input", "chat_id": "--chat"}
+_OPTION_OF = {"active_region": "--region", "active_owner_keys": "--owner", "query_text": "--input", "chat_id": "--chat",
+              "active_user_pov_owner": "--user-owner"}
 
 
 def _context_messages(lines: Sequence[str], text: str) -> list[ChatMessage]:
@@ -313,12 +314,15 @@ def cli_recall(
     region: str = "",
     owners: Sequence[str] | None = None,
     persist: bool = False,
+    user_owner: str = "",
 ) -> RecallResponse:
     """Recall ``text`` for ``chat_id`` through the controller, with no target floor (no record is read or written).
 
     ``persist=False`` (the default) is the controller's what-if path: no access reinforcement either, so the chat
     is exactly as before and a second run prints the same. ``persist=True`` writes the reinforcement a host's
-    recall writes. Raises :class:`InputError` naming the option (``--input``, ``--chat``, ``--region`` …).
+    recall writes. ``owners`` are knowledge owner keys and ``user_owner`` the persona (``user:…`` key or name);
+    an owner key the chat's knowledge state does not hold is an error naming ``--owner`` / ``--user-owner``.
+    Raises :class:`InputError` naming the option (``--input``, ``--chat``, ``--region`` …).
     """
     from pydantic import ValidationError
 
@@ -337,6 +341,7 @@ def cli_recall(
             query_text=text,
             active_region=region,
             active_owner_keys=list(owners) if owners else None,
+            active_user_pov_owner=user_owner,
             persist=persist,
         )
     except ValidationError as exc:
@@ -350,7 +355,13 @@ def cli_recall(
         controller = RecallController(
             store, settings, embedder=make_embedder(settings.embedding), llm=make_llm(settings.llm)
         )
-        return controller.run_recall(request)
+        try:
+            return controller.run_recall(request)
+        except InputError as exc:  # name the option, not the request field
+            head, bracket, rest = exc.field.partition("[")
+            if head in _OPTION_OF:
+                raise InputError(_OPTION_OF[head] + (f"[{rest}" if bracket else ""), exc.reason) from None
+            raise
     finally:
         store.close()
 

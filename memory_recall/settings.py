@@ -3,10 +3,12 @@
 Load order (later wins, key by key): defaults of the chosen profile < TOML file < environment (``MEMORY_RECALL_``
 prefix, ``__`` between section and key, e.g. ``MEMORY_RECALL_DIFFUSION__DECAY=0.5``) < explicit overrides (command
 options, :func:`load_settings` ``overrides``). The profile itself: the ``profile`` argument, else
-``MEMORY_RECALL_PROFILE``, else the file's ``profile``, else ``"app"``. Two
-profiles reproduce the reference's two default columns (stbme-reference §5.1): ``"app"`` (what a normal recall
-uses) and ``"fallback"`` (what ``retrieve()`` uses when an option is absent); ``"transcript"`` is tuned for
-long raw chat transcripts (LoCoMo, issue 7).
+``MEMORY_RECALL_PROFILE``, else the file's ``profile``, else ``"default"``. ``"default"`` treats each node by
+its kind: raw ``message`` nodes with the weights and channels measured best on chat transcripts (LoCoMo, issues 7
+and 17), extracted memories with the reference's weights; ``"transcript"`` is an alias of it. Two profiles
+reproduce the reference's two default columns (stbme-reference §5.1) for conformance checks: ``"app"`` (what a
+normal recall uses; also the field defaults of :class:`RecallSettings`) and ``"fallback"`` (what ``retrieve()``
+uses when an option is absent).
 
 A stage receives only its own section. Per-request overrides go through :meth:`RecallSettings.with_overrides`,
 which validates them and returns a new object; settings are never mutated.
@@ -178,6 +180,12 @@ class LexicalSettings(BaseModel):
     # Suffix stemming of the BM25 channel's Latin-script terms, index and query alike (not in the reference):
     # "none" = exact terms (FTS5), "s" = plural endings only, "porter" = Porter (1980), "english" = Snowball English.
     stem: Literal["none", "s", "porter", "english"] = "none"
+    # Query expansion from the first-pass hits (not in the reference; pipeline.lexical): the terms of the best
+    # ``feedback_docs`` BM25 hits (most shared first, at most ``feedback_terms``) are added to the query for a
+    # second BM25 pass whose scores, × ``feedback_weight``, are max-combined with the first's. 0 docs = off.
+    feedback_docs: int = Field(default=0, ge=0, le=20)
+    feedback_terms: int = Field(default=10, ge=1, le=64)
+    feedback_weight: Unit = Field(default=0.5, ge=0, le=1)
 
 
 class AnchorSettings(BaseModel):
@@ -208,6 +216,9 @@ class DiffusionSettings(BaseModel):
     # them all with energy. 0 = off (the reference).
     hub_degree_threshold: int = Field(default=0, ge=0, le=100_000)
     hub_exponent: float = Field(default=1.0, ge=0, le=4)
+    # Which neighbours count towards a node's degree for the hub damping: "all", or "message" (chat turns only:
+    # a speaker or a name linked to hundreds of turns is damped, an extracted graph without turns never is).
+    hub_degree_counts: Literal["all", "message"] = "all"
 
 
 class CrossRecallSettings(BaseModel):
@@ -273,6 +284,30 @@ class ScoringSettings(BaseModel):
     # ``neighbour_carry`` × those of its prev/next chain neighbours among the candidates (an answer turn
     # inherits the match of the question it replies to). 0 = off (the reference).
     neighbour_carry: Unit = Field(default=0.0, ge=0, le=1)
+    # Per node kind (not in the reference): with ``message_weights`` on, raw ``message`` nodes (chat turns synced
+    # from the host, no LLM extraction) score with the ``message_*`` values below instead of the five above and
+    # ``lexical.lexical_weight`` / ``lexical.field_match_weight``; every extracted node (event, character, POV
+    # memory …) keeps them, i.e. the reference. Off = every node as the reference. The values are the ones
+    # measured best on transcripts (LoCoMo dev split, docs/evaluation.md).
+    message_weights: bool = False
+    message_graph_weight: float = Field(default=0.6, ge=-10, le=10)
+    message_vector_weight: float = Field(default=3.0, ge=-10, le=10)
+    message_importance_weight: float = Field(default=0.1, ge=-10, le=10)
+    message_lexical_weight: float = Field(default=5.0, ge=0, le=10)
+    message_field_match_weight: Unit = Field(default=0.0, ge=0, le=1)
+    message_time_decay: bool = False
+    message_neighbour_carry: Unit = Field(default=0.8, ge=0, le=1)
+    # Time cue (not in the reference; memory_recall.pipeline.temporal): a question asking when something
+    # happened raises message turns that say when (``last week``, ``yesterday`` …) by ``time_expression_boost``;
+    # a question naming a date, month or year of the chat's own timeline raises turns sent then (or up to a
+    # fortnight after, when they tell of it) by ``time_range_boost``. Multipliers 1 + boost, message nodes only.
+    time_cue: bool = False
+    time_expression_boost: float = Field(default=0.3, ge=0, le=10)
+    time_range_boost: float = Field(default=0.3, ge=0, le=10)
+    # Speaker cue (not in the reference; memory_recall.pipeline.speaker_cue): a question naming a speaker raises
+    # that speaker's own message turns by the multiplier 1 + ``speaker_cue_boost``.
+    speaker_cue: bool = False
+    speaker_cue_boost: float = Field(default=0.3, ge=0, le=10)
 
 
 class DiversitySettings(BaseModel):
@@ -485,18 +520,34 @@ _PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     # with field match 0: 0.766 but R@5 0.661, nDCG@10 0.577, MRR 0.541, all lower), diversity off 0.757, context
     # blend weights halved 0.755, dropping question words ("kind", "mention", "how long" …) from the BM25 query
     # 0.745.
+    # Until issue 17 this profile set these values store-wide ("scoring": vector weight 3, time decay off,
+    # neighbour carry 0.8; "lexical": lexical weight 5, field match 0, BM25 pool 100, Porter). The scoring values
+    # are now the ``scoring.message_*`` defaults and apply to message nodes only; "transcript" is an alias of
+    # "default" (old configs keep working) and the figures above are the history of those values.
+    # Issue 17, full dev split (R@5 / R@10 / R@25): the old store-wide profile 0.667 / 0.766 / 0.853; per node kind
+    # (anchors back on) 0.669 / 0.767 / 0.854; + time cue 0.683 / 0.771 / 0.856 (temporal R@10 0.858 → 0.881);
+    # + speaker cue 1.3 0.685 / 0.785 / 0.860 (multi-hop 0.436 → 0.490, open-domain 0.369 → 0.456, adversarial
+    # 0.859 → 0.825: those questions name the other speaker); hub degree over message neighbours only: level;
+    # temporal links 0.5 → 0.2 (the reference) 0.688 / 0.788 / 0.862, the committed profile.
+    # Measured and not kept: speaker cue 1.8 R@10 0.751, 1.2 0.784 (R@5 0.690); time boosts 1.6 0.784; query
+    # expansion from the first-pass hits (lexical.feedback_docs 3) 0.772 with R@25 0.851 (without the speaker cue).
     "transcript": {
-        "scoring": {"vector_weight": 3.0, "time_decay": False, "neighbour_carry": 0.8},
-        "lexical": {"lexical_weight": 5.0, "bm25_top_k": 100, "field_match_weight": 0.0, "stem": "porter"},
+        "scoring": {"message_weights": True, "time_cue": True, "speaker_cue": True},
+        "lexical": {"bm25_top_k": 100, "stem": "porter"},
         # Diffusion is on and entity anchors are off. Before the stemmer diffusion cost recall (off: R@10 0.719 →
         # 0.723); with the stemmer it adds it: full dev split with context, diffusion off → on R@10 0.761 → 0.765,
         # R@25 0.837 → 0.854, R@5 0.663 → 0.666 (nDCG@10 0.579 → 0.576, MRR 0.546 → 0.541). Anchors seed it from
         # names, which in a transcript are mostly the two speakers: without them R@10 0.766, R@5 0.667, R@25 0.853,
         # nDCG@10 0.577, MRR 0.543 (cross-recall, co-occurrence and residual recall changed nothing either way).
-        "diffusion": {"enabled": True, "hub_degree_threshold": 8, "temporal_link_strength": 0.5},
-        "anchors": {"enabled": False},
+        # Entity anchors stay on (the reference; an imported graph's characters and places are real anchors): on
+        # transcripts they measured level (without them R@10 0.766 against 0.765).
+        # The temporal link strength is the reference's 0.2 again (issue 17): 0.5 cost R@10 0.788 → 0.785 and
+        # a required memory of a fixture chat (the links of extracted events).
+        "diffusion": {"enabled": True, "hub_degree_threshold": 8, "hub_degree_counts": "message"},
     },
 }
+# The profile of load_settings without one: message nodes as transcripts, extracted memories as the reference.
+_PROFILES = {"default": _PROFILES["transcript"], **_PROFILES}
 
 
 class RecallSettings(BaseSettings):
@@ -509,7 +560,7 @@ class RecallSettings(BaseSettings):
         frozen=True,
     )
 
-    profile: Literal["app", "fallback", "transcript"] = "app"
+    profile: Literal["default", "app", "fallback", "transcript"] = "app"
     store: StoreSettings = Field(default_factory=StoreSettings)
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
@@ -606,7 +657,7 @@ def load_settings(
     """Settings from profile defaults, an optional TOML file (``MEMORY_RECALL_CONFIG`` when not given), the
     environment, then ``overrides``, each later one winning key by key (a variable beats the file's value of its
     key, and only that key). The profile: ``profile``, else ``MEMORY_RECALL_PROFILE``, else the file's
-    ``profile``, else ``"app"``. Raises :class:`ConfigError` naming the offending key, or the environment
+    ``profile``, else ``"default"``. Raises :class:`ConfigError` naming the offending key, or the environment
     variable when the value came from one (``MEMORY_RECALL_DIFFUSION__DECAY: Input should be …``).
 
     Every ``MEMORY_RECALL_*`` variable must be known: a setting (``MEMORY_RECALL_<SECTION>__<KEY>`` or a whole
@@ -641,7 +692,7 @@ def load_settings(
     env_values.pop("profile", None)
     explicit = _deep_merge(_deep_merge(file_data, env_values), overrides or {})
     env_profile = env.get("MEMORY_RECALL_PROFILE")
-    chosen = profile or (env_profile[1] if env_profile else "") or file_data.get("profile") or "app"
+    chosen = profile or (env_profile[1] if env_profile else "") or file_data.get("profile") or "default"
     if not isinstance(chosen, str) or chosen not in _PROFILES:
         origin = env_profile[0] if env_profile and not profile else "profile"
         raise ConfigError(f"unknown profile {chosen!r}; expected one of {', '.join(_PROFILES)}", field=origin)

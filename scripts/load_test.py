@@ -53,8 +53,9 @@ import numpy as np
 CHAT = "load-chat"
 DB_NAME = "memory-recall.sqlite3"
 KINDS = ("recall", "message", "edit")
-#: The mix of the issue: recall 80 %, message events 15 %, record edits 5 %.
-MIX = (0.80, 0.15, 0.05)
+#: The mix of a chat turn under load: recall 70 %, ``message_added`` events 20 %, edits 10 % (``message_edited``
+#: events with ``--messages``, record edits on the benchmark graph, which holds no messages to edit).
+MIX = (0.70, 0.20, 0.10)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -62,17 +63,49 @@ MIX = (0.80, 0.15, 0.05)
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def build_chat(data_dir: Path, n: int, *, log: Any = print) -> dict[str, Any]:
-    """Create (or reuse) the ``n``-node chat in ``data_dir``; returns what was done and how long it took."""
+class RandomVectors:
+    """Seeded random unit vectors (from each text's SHA-256) under the local model's id and dimension: a chat of
+    thousands of nodes gets its vectors in seconds instead of the local engine's quarter of an hour. Recall
+    timings are the same (the same matrix shapes and stages); what the recalls find is not measured then. The
+    service still embeds new messages and the queries with the real engine."""
+
+    def __init__(self) -> None:
+        from memory_recall.providers.embedding import LOCAL_DIM, LOCAL_MODEL_ID
+
+        self.model_id, self.dim = LOCAL_MODEL_ID, LOCAL_DIM
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        import hashlib
+
+        rows = []
+        for t in texts:
+            seed = int.from_bytes(hashlib.sha256(t.encode("utf-8")).digest()[:8], "little")
+            v = np.random.default_rng(seed).standard_normal(self.dim).astype(np.float32)
+            rows.append(v / np.linalg.norm(v))
+        return np.asarray(rows, np.float32).reshape(len(texts), self.dim)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed_passages([text])[0]
+
+
+def _builder_embedder(vectors: str) -> Any:
+    from memory_recall.providers.embedding import LocalEmbedder
+
+    return RandomVectors() if vectors == "random" else LocalEmbedder()
+
+
+def build_chat(data_dir: Path, n: int, *, log: Any = print, vectors: str = "local") -> dict[str, Any]:
+    """Create (or reuse) the ``n``-node chat in ``data_dir``; returns what was done and how long it took.
+    ``vectors="random"``: the stored vectors are :class:`RandomVectors` (a fresh ``data_dir`` is needed to switch:
+    the two kinds share the model id)."""
     from memory_recall.bench import _Plan  # the benchmark's seeded synthetic roleplay graph
     from memory_recall.model.graph import Edge, Node
     from memory_recall.providers.cache import embed_missing
-    from memory_recall.providers.embedding import LocalEmbedder
     from memory_recall.store import Store
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    embedder = LocalEmbedder()
-    out: dict[str, Any] = {"nodes": n, "embedding_model": embedder.model_id}
+    embedder = _builder_embedder(vectors)
+    out: dict[str, Any] = {"nodes": n, "embedding_model": embedder.model_id, "vectors": vectors}
     with Store.open(data_dir) as store:
         stats = store.stats(CHAT) if CHAT in {c.chat_id for c in store.list_chats()} else {"node_count": 0}
         reuse = stats["node_count"] >= n
@@ -108,6 +141,60 @@ def build_chat(data_dir: Path, n: int, *, log: Any = print) -> dict[str, Any]:
     out["node_count"] = stats["node_count"]
     out["stats"] = {k: v for k, v in stats.items() if isinstance(v, int | float | str | dict)}
     return out
+
+
+def _chat_script() -> Any:
+    """``scripts/bench_ingest_event.py`` as a module: its seeded turns are the message chat's turns."""
+    import importlib.util
+
+    path = Path(__file__).with_name("bench_ingest_event.py")
+    spec = importlib.util.spec_from_file_location("bench_ingest_event", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_message_chat(data_dir: Path, messages: int, *, log: Any = print, vectors: str = "local") -> dict[str, Any]:
+    """Create (or reuse) a chat of ``messages`` turns written by the real message ingestion (``ingest_messages``
+    in batches of 500, the seeded turns of ``scripts/bench_ingest_event.py``), every node embedded with the
+    packaged local embedder through ``embed_missing``."""
+    from memory_recall.ingest import ingest_messages
+    from memory_recall.ingest.messages import message_id
+    from memory_recall.providers.cache import embed_missing
+    from memory_recall.store import Store
+
+    turns = _chat_script()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    embedder = _builder_embedder(vectors)
+    out: dict[str, Any] = {"messages": messages, "embedding_model": embedder.model_id, "vectors": vectors}
+    with Store.open(data_dir) as store:
+        known = CHAT in {c.chat_id for c in store.list_chats()}
+        have = store.get_node(CHAT, message_id(messages - 1)) if known else None
+        out["reused"] = have is not None
+        start = time.perf_counter()
+        if have is None:
+            store.delete_chat(CHAT)
+            for lo in range(0, messages, 500):
+                ingest_messages(store, CHAT, turns.messages(lo, min(500, messages - lo)), now_ms=turns.NOW)
+        out["graph_write_s"] = round(time.perf_counter() - start, 1)
+        start = time.perf_counter()
+        report = embed_missing(store, CHAT, embedder)
+        out["embedded_now"] = report.total
+        out["embed_s"] = round(time.perf_counter() - start, 1)
+        stats = store.stats(CHAT)
+    out["node_count"] = stats["node_count"]
+    out["stats"] = {k: v for k, v in stats.items() if isinstance(v, int | float | str | dict)}
+    return out
+
+
+def message_queries() -> tuple[str, ...]:
+    """Recall queries about the message chat's places, people and things (seeded, fixed order)."""
+    turns = _chat_script()
+    rng = random.Random(16)
+    return tuple(
+        f"What happened at {rng.choice(turns.NAMES)} with the {rng.choice(turns.WORDS)}?" for _ in range(40)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,6 +301,7 @@ def _queries() -> tuple[str, ...]:
 @dataclass
 class Results:
     latencies: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    started: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
     errors: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
     recall_status: dict[str, int] = field(default_factory=dict)
     recall_source: dict[str, int] = field(default_factory=dict)
@@ -229,8 +317,11 @@ def _recall_body(client: int, floor: int, query: str) -> dict[str, Any]:
 
 async def _client(
     c: int, http: Any, deadline: float, res: Results, queries: Sequence[str], edit_floor: int, seed: int,
-    mix: Sequence[float],
+    mix: Sequence[float], chat_messages: int = 0, t0: float = 0.0,
 ) -> None:
+    """One client's loop. ``chat_messages`` > 0: the chat is a message chat of that many turns and an edit is a
+    ``message_edited`` event of one of them; 0: an edit is a record edit. Latencies are kept with their start
+    time (seconds since ``t0``) so the figures can be split by halves."""
     import httpx
 
     rng = random.Random(seed * 1000 + c)
@@ -263,9 +354,19 @@ async def _client(
                 resp = await http.post(f"/v1/chats/{CHAT}/events", json={"type": "message_added", "message": msg})
                 if resp.status_code == 200:
                     body = resp.json()
-                    embedded = body["embedding"]["status"] == "ok"
+                    embedded = body["embedding"]["status"] in ("ok", "queued")
                     if body["type"] != "message_added" or body["nodes_added"] < 1 or not embedded:
                         problem = f"event answered {body}"
+            elif chat_messages:
+                edited = rng.randrange(chat_messages)
+                msg = {"floor": edited, "role": "user" if edited % 2 == 0 else "assistant",
+                       "speaker": "Ash" if edited % 2 == 0 else "Mara Vell",
+                       "text": f"{rng.choice(queries)} (edited by client {c} at {i})"}
+                resp = await http.post(f"/v1/chats/{CHAT}/events", json={"type": "message_edited", "message": msg})
+                if resp.status_code == 200:
+                    body = resp.json()
+                    if body["type"] != "message_edited" or body["nodes_updated"] < 1:
+                        problem = f"edit event answered {body}"
             else:
                 text = f"edited by client {c} at {i}"
                 resp = await http.put(f"/v1/chats/{CHAT}/records/{edit_floor}", json={"injection_text": text})
@@ -284,31 +385,33 @@ async def _client(
             res.errors[kind].append(problem)
         else:
             res.latencies[kind].append(elapsed)
+            res.started[kind].append(start - t0)
 
 
 async def _run_clients(url: str, clients: int, seconds: float, timeout: float, seed: int,
-                       edit_floors: Sequence[int], mix: Sequence[float]) -> tuple[Results, float]:
+                       edit_floors: Sequence[int], mix: Sequence[float],
+                       chat_messages: int = 0) -> tuple[Results, float]:
     import httpx
 
     res = Results()
-    queries = _queries()
+    queries = message_queries() if chat_messages else _queries()
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as http:
         start = time.perf_counter()
         deadline = start + seconds
         await asyncio.gather(*(
-            _client(c, http, deadline, res, queries, edit_floors[c], seed, mix) for c in range(clients)
+            _client(c, http, deadline, res, queries, edit_floors[c], seed, mix, chat_messages, start)
+            for c in range(clients)
         ))
         wall = time.perf_counter() - start
     return res, wall
 
 
-def _setup_records(url: str, clients: int) -> list[int]:
+def _setup_records(url: str, clients: int, queries: Sequence[str]) -> list[int]:
     """One recall record per client (its record-edit target); also warms the snapshot."""
     import httpx
 
     floors = []
-    queries = _queries()
     with httpx.Client(base_url=url, timeout=300) as http:
         for c in range(clients):
             floor = 1_000_000 + c
@@ -337,12 +440,18 @@ def _pcts(values: Sequence[float]) -> dict[str, float]:
 
 def run_load(
     *, data_dir: Path, nodes: int, clients: int, seconds: float, timeout: float = 60.0, sample_s: float = 5.0,
-    seed: int = 9, mix: Sequence[float] = MIX, log: Any = print,
+    seed: int = 9, mix: Sequence[float] = MIX, messages: int = 0, vectors: str = "local", log: Any = print,
 ) -> dict[str, Any]:
-    """Build/reuse the chat, start the service, run the load; returns the JSON figures (see the module doc)."""
+    """Build/reuse the chat (``messages`` > 0: a message chat of that many turns, else the ``nodes``-node
+    benchmark graph), start the service, run the load; returns the JSON figures (see the module doc)."""
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    log(f"chat: {nodes} nodes in {data_dir}")
-    chat = build_chat(data_dir, nodes, log=log)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    if messages:
+        log(f"chat: {messages} messages in {data_dir}")
+        chat = build_message_chat(data_dir, messages, log=log, vectors=vectors)
+    else:
+        log(f"chat: {nodes} nodes in {data_dir}")
+        chat = build_chat(data_dir, nodes, log=log, vectors=vectors)
     log(f"  {'reused' if chat['reused'] else 'built'}: {chat['node_count']} nodes, embedded {chat['embedded_now']} "
         f"now in {chat['embed_s']} s ({chat['embedding_model']})")
     # Every run starts from the same chat: a copy of the built store (runs add turns and records).
@@ -355,14 +464,17 @@ def run_load(
         sampler = RssSampler(service.proc.pid, sample_s)
         rss_ready = sampler.sample()
         start = time.perf_counter()
-        edit_floors = _setup_records(service.url, clients)
+        queries = message_queries() if messages else _queries()
+        edit_floors = _setup_records(service.url, clients, queries)
         warmup_s = time.perf_counter() - start
         rss_warm = sampler.sample()
         log(f"service ready in {ready_s:.1f} s (RSS {rss_ready} MiB); warm-up {warmup_s:.1f} s (RSS {rss_warm} MiB)")
         cpu0 = cpu_s(service.proc.pid)
         load_t0 = time.perf_counter() - sampler.t0
         sampler.start()
-        res, wall = asyncio.run(_run_clients(service.url, clients, seconds, timeout, seed, edit_floors, mix))
+        res, wall = asyncio.run(
+            _run_clients(service.url, clients, seconds, timeout, seed, edit_floors, mix, messages)
+        )
         sampler.stop()
         cpu_load = cpu_s(service.proc.pid) - cpu0
         rss_end = sampler.sample()
@@ -374,8 +486,9 @@ def run_load(
     kinds = {}
     for k in KINDS:
         ok = res.latencies[k]
+        late = [ms for ms, t in zip(ok, res.started[k], strict=True) if t >= seconds / 2]
         kinds[k] = {"ok": len(ok), "errors": len(res.errors[k]), "throughput_per_s": round(len(ok) / wall, 2),
-                    **_pcts(ok), "first_errors": res.errors[k][:5]}
+                    **_pcts(ok), "second_half": _pcts(late), "first_errors": res.errors[k][:5]}
     total_ok = sum(len(v) for v in res.latencies.values())
     return {
         "started": started, "clients": clients, "mix": list(mix), "seconds": seconds, "wall_s": round(wall, 1),
@@ -392,16 +505,18 @@ def run_load(
             "samples": sampler.samples,
         },
         "clean_shutdown": clean_shutdown,
+        "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
     }
 
 
 def table(out: dict[str, Any]) -> str:
-    head = ("kind", "ok", "errors", "per s", "p50 ms", "p95 ms", "p99 ms", "max ms")
+    head = ("kind", "ok", "errors", "per s", "p50 ms", "p95 ms", "p99 ms", "max ms", "2nd half p50", "2nd half p95")
     rows = [head] + [
-        (k, v["ok"], v["errors"], v["throughput_per_s"], v["p50"], v["p95"], v["p99"], v["max"])
+        (k, v["ok"], v["errors"], v["throughput_per_s"], v["p50"], v["p95"], v["p99"], v["max"],
+         v["second_half"]["p50"], v["second_half"]["p95"])
         for k, v in out["kinds"].items()
     ]
-    rows.append(("all", out["requests_ok"], out["errors"], out["throughput_per_s"], "", "", "", ""))
+    rows.append(("all", out["requests_ok"], out["errors"], out["throughput_per_s"], "", "", "", "", "", ""))
     cells = [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
@@ -414,27 +529,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--messages", type=int, default=0,
+                        help="a message chat of this many turns (real ingestion) instead of the --nodes graph")
+    parser.add_argument("--vectors", choices=("local", "random"), default="local",
+                        help="stored vectors of the built chat: the local engine, or seeded random unit vectors "
+                             "under its model id (builds in seconds; recall timings alike)")
     parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout (counts as an error)")
     parser.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
     parser.add_argument("--seed", type=int, default=9)
-    parser.add_argument("--mix", default="80,15,5", help="percent of recalls, message events, record edits")
+    parser.add_argument("--mix", default="70,20,10", help="percent of recalls, message_added events, edits")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="store to build or reuse (default: a per-size directory in the temp dir)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--build-only", action="store_true", help="build or check the chat, then stop")
     args = parser.parse_args(argv)
-    data_dir = args.data_dir or Path(tempfile.gettempdir()) / f"memory-recall-load-{args.nodes}"
+    size = f"msgs-{args.messages}" if args.messages else str(args.nodes)
+    data_dir = args.data_dir or Path(tempfile.gettempdir()) / f"memory-recall-load-{size}"
     if args.build_only:
-        print(json.dumps(build_chat(data_dir, args.nodes), indent=2))
+        built = (build_message_chat(data_dir, args.messages, vectors=args.vectors) if args.messages
+                 else build_chat(data_dir, args.nodes, vectors=args.vectors))
+        print(json.dumps(built, indent=2))
         return 0
     mix = [float(x) / 100 for x in args.mix.split(",")]
     if len(mix) != 3 or any(x < 0 for x in mix) or abs(sum(mix) - 1) > 1e-9:
         parser.error(f"--mix must be three percentages adding up to 100, got {args.mix!r}")
     out = run_load(data_dir=data_dir, nodes=args.nodes, clients=args.clients, seconds=args.seconds,
-                   timeout=args.timeout, sample_s=args.sample_s, seed=args.seed, mix=mix)
+                   timeout=args.timeout, sample_s=args.sample_s, seed=args.seed, mix=mix, messages=args.messages,
+                   vectors=args.vectors)
     print()
+    chat = f"{args.messages} messages, " if args.messages else ""
     print(f"load test started {out['started']}: {args.clients} clients, mix {args.mix}, {out['wall_s']} s, "
-          f"{out['chat']['node_count']} nodes, embedder {out['embedder']}")
+          f"{chat}{out['chat']['node_count']} nodes, embedder {out['embedder']}; load average before "
+          f"{out['load_average']['before']}, after {out['load_average']['after']}")
     print(table(out))
     rss = out["rss_mb"]
     print(f"service RSS MiB: ready {rss['ready']}, after warm-up {rss['after_warmup']}, max during "

@@ -77,7 +77,7 @@ got 'bad'"""),
         ("MEMORY_RECALL_SERVICE__CORS_ORIGINS", "http://x", """MEMORY_RECALL_SERVICE__CORS_ORIGINS: must be JSON (a \
 list, e.g. '["a", "b"]'); got 'http://x'"""),
         ("MEMORY_RECALL_PROFILE", "bogus",
-         "MEMORY_RECALL_PROFILE: unknown profile 'bogus'; expected one of app, fallback, transcript"),
+         "MEMORY_RECALL_PROFILE: unknown profile 'bogus'; expected one of default, app, fallback, transcript"),
     ])
     def test_env_value(self, monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str) -> None:
         assert _error(monkeypatch, name, value) == message

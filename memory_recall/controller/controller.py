@@ -68,7 +68,7 @@ from memory_recall.pipeline.result import RecallResult
 from memory_recall.pipeline.retrieve import retrieve
 from memory_recall.pipeline.state import Providers, RecallQuery
 from memory_recall.settings import RecallSettings
-from memory_recall.store.snapshot import SnapshotCache
+from memory_recall.store.snapshot import GraphSnapshot, SnapshotCache
 from memory_recall.store.sqlite import Store, validate_chat_id
 
 __all__ = ["ChatEventReport", "RecallController", "RecordStatus", "run_recall"]
@@ -228,6 +228,7 @@ class RecallController:
         target = resolved.target_user_floor
         model_id = str(getattr(self.embedder, "model_id", "") or "") if self.embedder is not None else ""
         snapshot = self.snapshot_cache.get(self.store, chat, model_id, now_ms=now)
+        owner_keys, user_owner = check_owner_keys(req, snapshot)
         query = RecallQuery(
             user_message=resolved.text,
             recent_lines=resolved.recent_lines,
@@ -236,9 +237,9 @@ class RecallController:
             chat_id=chat,
             user_floor=target,
             active_region=req.active_region,
-            active_owner_keys=tuple(req.active_owner_keys) if req.active_owner_keys is not None else None,
+            active_owner_keys=owner_keys,
             active_character_pov_owner=req.active_character_pov_owner,
-            active_user_pov_owner=req.active_user_pov_owner,
+            active_user_pov_owner=user_owner,
             visibility_filter=req.visibility_filter,
             host_character_name=req.host_character_name,
             host_user_name=req.host_user_name,
@@ -362,9 +363,6 @@ class RecallController:
             chat, model_id, reinforce_ids, step, new_version,
             base_version=base_version, now_ms=now,
         )
-        # The batch only reinforced nodes and wrote a record (no indexed text, no archived flag): the chat's BM25
-        # index at base_version (read inside the batch, so no other write lies between) serves new_version too.
-        self.store.carry_bm25(chat, base_version, new_version)
         return record, new_version
 
     # -- records -------------------------------------------------------------------------------------------
@@ -510,6 +508,34 @@ class RecallController:
                 raise InputError("message.role", f"a swipe replaces an assistant message; got {message.role!r}")
             report = ingest_messages(self.store, chat_id, [message], now_ms=now)
         return ChatEventReport(chat_id, message.floor, report, False)
+
+
+def check_owner_keys(req: RecallRequest, snapshot: GraphSnapshot) -> tuple[tuple[str, ...] | None, str]:
+    """The request's scene owners checked against the chat's knowledge state (recall-spec departure 4): every
+    ``active_owner_keys`` entry must be a key the state holds (with or without ``#nodeId``), and an
+    ``active_user_pov_owner`` written as a key (``user:…``) must be a user entry's; it is returned as that
+    entry's name (the form the context stage reads; a plain name passes unchanged). An unknown key is an
+    :class:`InputError` naming the field, the key and the known keys — never an owner without an entry, who
+    would see every memory. Returns ``(owner keys or None, user POV owner)``. O(keys × owners)."""
+    know = snapshot.knowledge
+    known = ", ".join(know.owner_keys) if know.owner_keys else "none (the chat has no knowledge state)"
+    keys = req.active_owner_keys
+    for i, key in enumerate(keys or ()):
+        if know.row(key) < 0:
+            # A bare name, or a name under the wrong kind (``character:wren`` for ``user:wren``): name its key.
+            wanted = {key.strip().lower(), key.strip().lower().split(":", 1)[-1].split("#", 1)[0]}
+            hint = next((f" (did you mean {k!r}?)" for k, names in zip(know.owner_keys, know.aliases, strict=True)
+                         if wanted & {x.lower() for x in names}), "")
+            raise InputError(f"active_owner_keys[{i}]", f"unknown owner key {key!r}{hint}; known keys: {known}")
+    user = req.active_user_pov_owner
+    if user.strip().lower().startswith("user:"):
+        row = know.row(user.strip())
+        if row < 0 or know.owner_types[row] != "user":
+            users = ", ".join(k for k, t in zip(know.owner_keys, know.owner_types, strict=True) if t == "user")
+            raise InputError("active_user_pov_owner", f"unknown user owner key {user!r}; known user keys: "
+                             f"{users or 'none'}")
+        user = know.owner_names[row] or user.strip().split(":", 1)[1]
+    return (tuple(keys) if keys is not None else None), user
 
 
 def _vectors_missing(snapshot: Any) -> int:

@@ -673,7 +673,8 @@ def _parser() -> argparse.ArgumentParser:
     loc.add_argument("--no-context", action="store_true", help="ask each question without recent turns")
     loc.add_argument("--data-dir", default=None, help="store directory (default: the usual data directory)")
     loc.add_argument("--config", default=None, help="settings TOML file")
-    loc.add_argument("--profile", default=None, help="settings profile (app, fallback, transcript)")
+    loc.add_argument("--profile", default=None,
+                     help="settings profile (default, app, fallback, transcript); without it: default")
     loc.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     fix = sub.add_parser("fixtures", help="recall of the expected memories of fixtures/chats")
     fix.add_argument("--root", default="fixtures/chats", help="fixture chats directory (default: fixtures/chats)")

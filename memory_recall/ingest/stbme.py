@@ -24,8 +24,10 @@ up to three levels deep) is detected: the graph is the one object below it that 
   Edge ``validAt`` / ``invalidAt`` / ``expiredAt`` stay ``None`` when missing.
 * **Embeddings in the export are dropped**: vectors are re-embedded by the project's own embedder, whose
   model and dimension generally differ from the reference's. The export writes ``embedding: null``.
-* Unknown keys of nodes and edges go to ``extra`` and are written back by :func:`export_stbme`. Unknown keys
-  inside ``scope``/``storyTime``/``storyTimeSpan`` are dropped with a warning; out-of-vocabulary values of
+* Unknown keys of nodes, edges and ``timelineState.segments`` entries (ST-BME writes ``confidence``,
+  ``matcherKey``, ``source``, ``updatedAt`` there) go to ``extra`` and are written back by :func:`export_stbme`;
+  so do unknown keys inside a node's ``scope``/``storyTime``/``storyTimeSpan`` and an edge's ``scope`` (kept in
+  ``extra`` under that object's key, merged back into it on export); out-of-vocabulary values of
   ``tense``, ``relation``, ``confidence``, ``source``, ``kind`` and ``status`` fall back to the defaults.
 * Scope normalisation (layer, owner, region tokens) is done by :class:`~memory_recall.model.MemoryScope`.
 * Node types are validated against the project's schema: an unknown type raises :class:`InputError` naming
@@ -102,6 +104,14 @@ _CONFIDENCES = ("high", "medium", "low")
 _SOURCES = ("extract", "derived", "manual")
 _SUMMARY_KINDS = ("small", "rollup", "legacy-import")
 _SUMMARY_STATUSES = ("active", "folded")
+
+#: Nested objects of a node whose unknown keys are kept (in ``Node.extra`` under the same key).
+_NESTED_KEYS = ("scope", "storyTime", "storyTimeSpan")
+
+#: The keys of a ``timelineState.segments`` entry the model maps (any other key is kept in ``StorySegment.extra``).
+_SEGMENT_KEYS = frozenset(
+    ("id", "label", "normalizedKey", "order", "aliases", "parentId", "relationToParent", "anchorLabel")
+)
 
 # camelCase export key → model field, for the keys a node maps explicitly (everything else goes to ``extra``).
 _NODE_KEYS: dict[str, str] = {
@@ -239,6 +249,7 @@ def export_stbme(graph: MemoryGraph) -> dict[str, Any]:
                     "parentId": s.parent_id,
                     "relationToParent": s.relation_to_parent,
                     "anchorLabel": s.anchor_label,
+                    **{k: copy.deepcopy(v) for k, v in s.extra.items() if k not in _SEGMENT_KEYS},
                 }
                 for s in graph.timeline.segments
             ],
@@ -469,8 +480,12 @@ class _Importer:
         salt = content if n == 0 else f"{content}#{n}"
         return "imp:" + hashlib.sha1(salt.encode("utf-8")).hexdigest()[:16]
 
-    def sub_object(self, value: Any, keys: Mapping[str, str] | tuple[str, ...], where: str) -> dict[str, Any]:
-        """Known keys of a nested object (camelCase → model name); unknown keys are dropped with a warning."""
+    def sub_object(
+        self, value: Any, keys: Mapping[str, str] | tuple[str, ...], where: str,
+        keep: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Known keys of a nested object (camelCase → model name); unknown keys are copied into ``keep`` when it
+        is given (written back on export), else dropped with a warning."""
         if value is None:
             return {}
         if not isinstance(value, Mapping):
@@ -479,26 +494,29 @@ class _Importer:
         mapping = keys if isinstance(keys, Mapping) else {k: k for k in keys}
         out: dict[str, Any] = {}
         unknown = sorted(str(k) for k in value if k not in mapping)
-        if unknown:
+        if unknown and keep is not None:
+            keep.update(copy.deepcopy({k: v for k, v in value.items() if k not in mapping}))
+        elif unknown:
             self.warn(f"{where}: unknown keys {', '.join(unknown)} dropped")
         for key, target in mapping.items():
             if key in value:
                 out[target] = value[key]
         return out
 
-    def scope(self, value: Any, where: str) -> MemoryScope:
-        d = self.sub_object(value, _SCOPE_KEYS, where)
+    def scope(self, value: Any, where: str, keep: dict[str, Any] | None = None) -> MemoryScope:
+        d = self.sub_object(value, _SCOPE_KEYS, where, keep)
         for key in ("owner_id", "owner_name", "owner_type", "layer"):
             if key in d:
                 d[key] = _text(d[key])
         return MemoryScope.model_validate(d)
 
-    def story_time(self, value: Any, where: str) -> StoryTime:
+    def story_time(self, value: Any, where: str, keep: dict[str, Any] | None = None) -> StoryTime:
         d = self.sub_object(
             value,
             {"segmentId": "segment_id", "label": "label", "tense": "tense", "relation": "relation",
              "anchorLabel": "anchor_label", "confidence": "confidence", "source": "source"},
             where,
+            keep,
         )
         return StoryTime(
             segment_id=_text(d.get("segment_id")),
@@ -510,12 +528,13 @@ class _Importer:
             source=_choice(d.get("source"), _SOURCES, "derived"),  # type: ignore[arg-type]
         )
 
-    def story_span(self, value: Any, where: str) -> StoryTimeSpan:
+    def story_span(self, value: Any, where: str, keep: dict[str, Any] | None = None) -> StoryTimeSpan:
         d = self.sub_object(
             value,
             {"startSegmentId": "start_segment_id", "endSegmentId": "end_segment_id",
              "startLabel": "start_label", "endLabel": "end_label", "mixed": "mixed", "source": "source"},
             where,
+            keep,
         )
         return StoryTimeSpan(
             start_segment_id=_text(d.get("start_segment_id")),
@@ -618,6 +637,9 @@ class _Importer:
         level = _finite(item.get("level"))
         access = _finite(item.get("accessCount"))
         created = self.millis(item.get("createdTime"), f"{where}.createdTime")
+        # Unknown keys inside the nested objects: kept in ``extra`` under the object's own key (an export key, so
+        # never written out as a key of its own) and merged back into the object on export.
+        nested: dict[str, dict[str, Any]] = {key: {} for key in _NESTED_KEYS}
 
         data: dict[str, Any] = {
             "id": node_id,
@@ -635,9 +657,10 @@ class _Importer:
             "child_ids": tuple(_str_list(item.get("childIds"))),
             "prev_id": _opt_id(item.get("prevId")),
             "next_id": _opt_id(item.get("nextId")),
-            "scope": self.scope(item.get("scope"), f"{where}.scope"),
-            "story_time": self.story_time(item.get("storyTime"), f"{where}.storyTime"),
-            "story_time_span": self.story_span(item.get("storyTimeSpan"), f"{where}.storyTimeSpan"),
+            "scope": self.scope(item.get("scope"), f"{where}.scope", nested["scope"]),
+            "story_time": self.story_time(item.get("storyTime"), f"{where}.storyTime", nested["storyTime"]),
+            "story_time_span": self.story_span(item.get("storyTimeSpan"), f"{where}.storyTimeSpan",
+                                               nested["storyTimeSpan"]),
             "evidence": tuple(_str_list(item.get("evidence"))),
             "extra": copy.deepcopy(
                 {
@@ -647,6 +670,7 @@ class _Importer:
                 }
             ),
         }
+        data["extra"].update({key: kept for key, kept in nested.items() if kept})
         if "seqRange" in item:
             data["seq_range"] = self.int_range(item["seqRange"])
         return _validated(Node.model_validate, data, where)
@@ -680,6 +704,7 @@ class _Importer:
             edge_type = int(edge_type_f)
         elif item.get("edgeType") is not None:
             self.warn(f"{where}.edgeType: {item.get('edgeType')!r} is not an int in [0, 255]; 0 used")
+        edge_scope: dict[str, Any] = {}  # unknown scope keys, kept like a node's (_NESTED_KEYS)
         data: dict[str, Any] = {
             "id": edge_id,
             "from_id": from_id,
@@ -692,9 +717,11 @@ class _Importer:
             "expired_at": self.opt_millis(item.get("expiredAt"), f"{where}.expiredAt"),
             "created_time": self.millis(item.get("createdTime"), f"{where}.createdTime"),
             "updated_at": self.millis(item.get("updatedAt"), f"{where}.updatedAt"),
-            "scope": self.scope(item.get("scope"), f"{where}.scope"),
+            "scope": self.scope(item.get("scope"), f"{where}.scope", edge_scope),
             "extra": copy.deepcopy({k: v for k, v in item.items() if k not in _EDGE_KEYS}),
         }
+        if edge_scope:
+            data["extra"]["scope"] = edge_scope
         return _validated(Edge.model_validate, data, where)
 
     # -- state -----------------------------------------------------------------------------------------------
@@ -848,12 +875,14 @@ class _Importer:
         max_order = 0
         for i, seg in enumerate(raw_segments if isinstance(raw_segments, list) else []):
             where = f"timelineState.segments[{i}]"
+            seg_extra: dict[str, Any] = {}
             d = self.sub_object(
                 seg,
                 {"id": "id", "label": "label", "normalizedKey": "normalized_key", "order": "order",
                  "aliases": "aliases", "parentId": "parent_id", "relationToParent": "relation_to_parent",
                  "anchorLabel": "anchor_label"},
                 where,
+                keep=seg_extra,
             )
             seg_id = _opt_id(d.get("id"))
             if seg_id is None or len(seg_id) > 128:
@@ -872,6 +901,7 @@ class _Importer:
                 "parent_id": _text(d.get("parent_id")),
                 "relation_to_parent": _text(d.get("relation_to_parent")),
                 "anchor_label": _text(d.get("anchor_label")),
+                "extra": seg_extra,
             }
             if order is not None and order >= 1:
                 data["order"] = math.floor(order)
@@ -1030,10 +1060,21 @@ def _export_node(node: Node) -> dict[str, Any]:
     }
     if node.evidence:
         out["evidence"] = list(node.evidence)
+    _merge_nested(out, node.extra, _NESTED_KEYS)
     for key, value in node.extra.items():
         if key not in out:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def _merge_nested(out: dict[str, Any], extra: Mapping[str, Any], keys: tuple[str, ...]) -> None:
+    """Write the kept unknown keys of each nested object (``extra[key]``) back into ``out[key]``; a key the
+    object already has wins (it is the model's value)."""
+    for key in keys:
+        kept = extra.get(key)
+        if isinstance(kept, Mapping) and isinstance(out.get(key), dict):
+            for k, v in kept.items():
+                out[key].setdefault(k, copy.deepcopy(v))
 
 
 def _export_edge(edge: Edge) -> dict[str, Any]:
@@ -1051,6 +1092,7 @@ def _export_edge(edge: Edge) -> dict[str, Any]:
         "updatedAt": edge.updated_at,
         "scope": _export_scope(edge.scope),
     }
+    _merge_nested(out, edge.extra, ("scope",))
     for key, value in edge.extra.items():
         if key not in out:
             out[key] = copy.deepcopy(value)

@@ -141,6 +141,9 @@ class StorySegment(BaseModel):
     parent_id: str = ""
     relation_to_parent: str = ""
     anchor_label: str = ""
+    #: Keys of an imported segment the model does not read (ST-BME's ``confidence``, ``matcherKey``, ``source``,
+    #: ``updatedAt`` …), kept so that an export writes them back.
+    extra: dict[str, Any] = Field(default_factory=dict)
 
 
 class TimelineState(BaseModel):

@@ -34,11 +34,16 @@ from typing import Any
 
 import numpy as np
 
-from memory_recall.pipeline._graph_cache import active_mask, carry_weak_entry, hidden_mask
-from memory_recall.pipeline.scoring import knowledge_gate, resolve_owner_rows, scope_buckets, temporal_director
+from memory_recall.pipeline._graph_cache import active_mask, hidden_mask
+from memory_recall.pipeline.scoring import (
+    knowledge_gate,
+    persona_row,
+    resolve_owner_rows,
+    scope_buckets,
+    temporal_director,
+)
 from memory_recall.pipeline.state import ContextInfo, RecallState
 from memory_recall.settings import ContextSettings, ScoringSettings
-from memory_recall.store.snapshot import SnapshotCache
 
 __all__ = ["admissible", "ids_to_index", "rows_of", "suppressed_mask_for", "with_owners"]
 
@@ -106,16 +111,19 @@ def _verdicts(snapshot: Any, key: Hashable) -> np.ndarray:
 
     The zero-evidence verdict reads only the snapshot, the :class:`ContextInfo` (scene owners, region, story
     time — all frozen and compared by value) and the two settings sections, so a scene that stays the same
-    over several turns reuses what earlier recalls judged. Entries die with the snapshot (weak keys).
+    over several turns reuses what earlier recalls judged. The verdict reads none of the statistics overlay
+    (scope buckets, the knowledge gate, the temporal director), so the arrays are kept per snapshot structure:
+    they survive reinforcement writes and die with the structure (weak keys).
     """
     with _VERDICTS_LOCK:
-        scenes = _VERDICTS.get(snapshot)
+        scenes = _VERDICTS.get(snapshot.structure)
         if scenes is None:
             scenes = OrderedDict()
-            _VERDICTS[snapshot] = scenes
+            _VERDICTS[snapshot.structure] = scenes
         arr = scenes.get(key)
         if arr is None:
             arr = np.full(snapshot.n, -1, dtype=np.int8)
+            _carry_parent_verdicts(snapshot.structure, key, arr)
             scenes[key] = arr
             while len(scenes) > MAX_SCENES_PER_SNAPSHOT:
                 scenes.popitem(last=False)
@@ -124,16 +132,18 @@ def _verdicts(snapshot: Any, key: Hashable) -> np.ndarray:
         return arr
 
 
-def _carry_verdicts(old: Any, new: Any) -> None:
-    """Access-reinforcement carry hook (:meth:`SnapshotCache.register_reinforcement_carry`): the carried snapshot
-    keeps the old one's verdict arrays (shared; a new LRU container). A zero-evidence verdict reads the scope
-    bucket (owner type/key/name codes, POV flags, primary region and region tokens), the knowledge gate (the owners'
-    knowledge rows, POV flags, zero scores) and the temporal director (story-time segment orders and tense): none
-    of ``importance``, ``access_count`` or ``last_access_time``, the only things reinforcement changes."""
-    carry_weak_entry(_VERDICTS, _VERDICTS_LOCK, old, new, OrderedDict)
-
-
-SnapshotCache.register_reinforcement_carry(_carry_verdicts)
+def _carry_parent_verdicts(structure: Any, key: Hashable, arr: np.ndarray) -> None:
+    """Fill ``arr`` with the verdicts the parent structure (the one a delta updated into ``structure``) judged for
+    the nodes the delta left unchanged, unless the chat state was written (the gate and the director read it).
+    A node's verdict reads only the node, the scene and the state. Called under ``_VERDICTS_LOCK``."""
+    change, parent = structure.change, structure.parent
+    if change is None or parent is None or change.state_changed:
+        return
+    scenes = _VERDICTS.get(parent)
+    old = scenes.get(key) if scenes else None
+    if old is not None:
+        src, dst = change.carried()
+        arr[dst] = old[src]
 
 
 def _suppressed_all(state: RecallState) -> np.ndarray:
@@ -207,6 +217,7 @@ def _unscored_verdict(
             gate = knowledge_gate(
                 snap, todo, resolve_owner_rows(snap, tuple(ctx.owner_keys)), zeros, zeros, zeros, buckets,
                 inject_low_confidence=scoring_settings.inject_low_confidence_objective_memory,
+                user_row=persona_row(snap, state.query),
             )
             verdict &= gate.visible
         if ctx_settings.enable_story_timeline and ctx_settings.story_time_soft_directing:
@@ -223,13 +234,17 @@ def admissible(
     scoring: ScoringSettings | None = None,
     require_active: bool = True,
     owner_context: ContextInfo | None = None,
+    rescued: bool = True,
 ) -> np.ndarray:
     """(len(idx),) bool: may each node of ``idx`` be added to this recall (see the module docstring)?
 
     ``require_active`` demands membership of the active set (non-archived, finite ``seqRange``, visible);
     core nodes of the result pass ``False`` (they have no range requirement, reference §3.20) but must still
     be non-archived and visible. ``owner_context`` defaults to ``state.context``: the scene owners the scoring
-    gate used (departure 2: the gate's owners are never widened afterwards).
+    gate used (departure 2: the gate's owners are never widened afterwards). ``rescued=False`` also refuses the
+    nodes the gate let through only by a rescue (``meta["knowledgeRescueOnlyNodes"]``): the core route and scene
+    reconstruction pass it — a rescued node may be ranked and selected on its evidence, never added by a route
+    that does not weigh it (departure 4).
     """
     ctx_settings = context or ContextSettings()
     scoring_settings = scoring or ScoringSettings()
@@ -239,6 +254,10 @@ def admissible(
     if require_active:
         ok &= active_mask(state)[idx]
     ok &= ~suppressed_mask_for(state, idx)
+    if not rescued:
+        listed = _listed_index(state, state.meta.get("knowledgeRescueOnlyNodes", ()))
+        if listed:
+            ok &= ~np.isin(idx, np.asarray(listed, dtype=np.int64))
     unscored = ok & (rows_of(state, idx) < 0)
     if not unscored.any():
         return ok

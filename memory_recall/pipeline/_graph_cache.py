@@ -3,25 +3,21 @@ version, co-occurrence not recomputed per call; reference §7 items 25 and 27).
 
 A :class:`~memory_recall.store.snapshot.GraphSnapshot` is immutable and lives exactly as long as its store
 version is current, so anything derived only from it (diffusion adjacency, co-occurrence index, their masked
-variants) is cached in a module-level :class:`weakref.WeakKeyDictionary` keyed by the snapshot object: the
-entries die with the snapshot, nothing is ever invalidated by hand. Each snapshot keeps at most
-:data:`MAX_ENTRIES_PER_SNAPSHOT` derived values (least recently used evicted), so per-recall variants (one per
-visibility mask) cannot grow without bound.
+variants) is cached in a module-level :class:`weakref.WeakKeyDictionary` keyed by the snapshot's structure (see
+below): the entries die with the snapshots of that structure, nothing is ever invalidated by hand. Each structure
+keeps at most :data:`MAX_ENTRIES_PER_SNAPSHOT` derived values (least recently used evicted), so per-recall
+variants (one per visibility mask) cannot grow without bound.
 
 Also shared by the stages of this part of the pipeline (diffusion, residual, cross recall, co-occurrence): the
 per-recall node masks (:func:`active_mask`, :func:`hidden_mask`, :func:`cooccurrence_eligible`) and small
 order-preserving array helpers. Private to ``memory_recall.pipeline``.
 
-Carry-over across access reinforcement: a recall's reinforcement write gives the chat a new version, and
-:meth:`~memory_recall.store.snapshot.SnapshotCache.apply_reinforcement` replaces the cached snapshot by a new
-object that differs only in ``importance``, ``version`` and the reinforced nodes' JSON (``access_count``,
-``importance``, ``last_access_time``). The entries that depend on none of these are handed to the new snapshot
-(:func:`carry_over` with :data:`REINFORCEMENT_SAFE_KEYS`, registered as the snapshot cache's carry hook when this
-module is imported) instead of being rebuilt. The list is an explicit allow-list: an entry not on it is rebuilt.
-An entry that mixes both kinds of parts is carried only through a function its module registers
-(:func:`register_reinforcement_derive`), which returns a new value sharing only the independent parts; the
-pipeline's other per-snapshot tables (weak dicts of their own modules) are carried by hooks of those modules
-(:func:`carry_weak_entry`).
+Structure apart from statistics: a recall's reinforcement write gives the chat a new snapshot that shares the
+old one's :class:`~memory_recall.store.snapshot.SnapshotStructure` and only has a new statistics overlay
+(``importance``, ``access_count``, ``last_access_time``). :func:`cached` keys on the structure, so what it holds
+survives such writes with no carry-over; a value that reads the overlay (anything ordered or filtered by
+``importance``, node dumps) goes through :func:`cached_stats`, keyed on the snapshot object itself (structure and
+overlay).
 """
 
 from __future__ import annotations
@@ -31,64 +27,96 @@ import itertools
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from memory_recall.store.snapshot import TYPE_CODE, SnapshotCache
+from memory_recall.store.snapshot import TYPE_CODE
 
 if TYPE_CHECKING:
     from memory_recall.pipeline.state import RecallState
-    from memory_recall.store.snapshot import GraphSnapshot
+    from memory_recall.store.snapshot import GraphSnapshot, StructureChange
 
 __all__ = [
     "COOCCURRENCE_EXCLUDED_TYPES",
     "MAX_ENTRIES_PER_SNAPSHOT",
-    "REINFORCEMENT_DERIVED",
-    "REINFORCEMENT_SAFE_KEYS",
     "active_mask",
     "cached",
-    "carry_over",
-    "carry_weak_entry",
+    "cached_stats",
     "cooccurrence_eligible",
     "has_anchor_term_mask",
     "hidden_mask",
     "lookup",
     "mask_digest",
-    "register_reinforcement_derive",
     "unique_in_order",
 ]
 
 T = TypeVar("T")
-V = TypeVar("V")
 
 #: Derived values kept per snapshot (base adjacency + a few masked variants + co-occurrence index).
 MAX_ENTRIES_PER_SNAPSHOT = 16
 
-_CACHE: weakref.WeakKeyDictionary[GraphSnapshot, OrderedDict[Hashable, Any]] = weakref.WeakKeyDictionary()
+#: Entries keyed by the snapshot's structure (:func:`cached`) or by the snapshot itself (:func:`cached_stats`).
+_CACHE: weakref.WeakKeyDictionary[Any, OrderedDict[Hashable, Any]] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 #: Types that can never be co-occurrence anchors or partners (reference §3.10 "co-occurrence-eligible").
 COOCCURRENCE_EXCLUDED_TYPES = frozenset({"event", "synopsis", "reflection"})
 
 
-def cached(snapshot: GraphSnapshot, key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
-    """``(value, was_cached)``: the value derived from ``snapshot`` under ``key``, built once by ``build``.
+def cached(
+    snapshot: GraphSnapshot, key: Hashable, build: Callable[[], T],
+    update: Callable[[Any, StructureChange], T | None] | None = None,
+) -> tuple[T, bool]:
+    """``(value, was_cached)``: the value derived from the structure of ``snapshot`` under ``key``, built once
+    by ``build`` and shared by every snapshot of that structure (``build`` must not read the statistics
+    overlay: ``importance``, or the reinforced fields of a node; use :func:`cached_stats` for that).
+
+    ``update(parent_value, change)``: when the structure was updated from a parent structure by a delta and the
+    parent (still alive) holds a value under ``key``, the new value is derived from it in time proportional to
+    what changed instead of built (``None``: build it). It must give what ``build`` would.
 
     Thread-safe; two threads racing on a cold key may both build, the first stored value wins.
     """
+    structure = snapshot.structure
+    if update is not None and structure.change is not None:
+        parent = structure.parent
+        if parent is not None:
+            with _LOCK:
+                entries = _CACHE.get(structure)
+                found = entries is not None and key in entries
+                parent_entries = None if found else _CACHE.get(parent)
+                previous = parent_entries.get(key) if parent_entries else None
+            if previous is not None:
+                change = structure.change
+
+                def derived() -> T:
+                    value = update(previous, change)
+                    return build() if value is None else value
+
+                return _cached(structure, key, derived)
+    return _cached(structure, key, build)
+
+
+def cached_stats(snapshot: GraphSnapshot, key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
+    """:func:`cached` for values that read the statistics overlay too: kept per snapshot object (structure and
+    overlay), so a reinforcement write (a new overlay) builds them again."""
+    return _cached(snapshot, key, build)
+
+
+def _cached(owner: Any, key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
     with _LOCK:
-        entries = _CACHE.get(snapshot)
+        entries = _CACHE.get(owner)
         if entries is None:
             entries = OrderedDict()
-            _CACHE[snapshot] = entries
+            _CACHE[owner] = entries
         if key in entries:
             entries.move_to_end(key)
             return entries[key], True
     value = build()
     with _LOCK:
-        entries = _CACHE.setdefault(snapshot, OrderedDict())
+        entries = _CACHE.setdefault(owner, OrderedDict())
         if key in entries:
             entries.move_to_end(key)
             return entries[key], True
@@ -96,127 +124,6 @@ def cached(snapshot: GraphSnapshot, key: Hashable, build: Callable[[], T]) -> tu
         while len(entries) > MAX_ENTRIES_PER_SNAPSHOT:
             entries.popitem(last=False)
     return value, False
-
-
-#: Cache keys (or key prefixes: a tuple key whose leading items equal an entry's tuple matches it) whose values
-#: depend on nothing access reinforcement changes (``importance``, ``access_count``, ``last_access_time``), so a
-#: snapshot carried over a reinforcement-only write keeps them. Each reason names what the build reads. Left out
-#: on purpose (they read what reinforcement changes): ``("cooccurrence-index", …)`` and ``("cooccurrence-columns",
-#: …)`` (each batch keeps its nodes ranked by recency, then importance), ``("result-core-order",)`` (ordered by
-#: importance); carried only in part (:data:`REINFORCEMENT_DERIVED`): ``("owners", "snapshot")`` (its "pov" and
-#: "entity" walk lists are ordered by recency then importance), ``("result-kept",)`` (node dumps hold
-#: ``access_count``, ``importance`` and ``last_access_time``).
-REINFORCEMENT_SAFE_KEYS: tuple[tuple[str, ...] | str, ...] = (
-    # scoring: region tokens, scope owner keys/names, primary regions, timeline segment orders, tense and story
-    # labels, knowledge gate codes and visibility; lazily, node labels (name/title/summary text) and per-segment
-    # temporal codes from those arrays.
-    ("scoring-arrays",),
-    # scoring: the nodes' lexical field texts (name/title primary, secondary fields), packed on first use.
-    ("lexical-fields",),
-    # anchors: folded form of ``snapshot.anchor_index`` (anchor terms of the non-archived nodes).
-    ("anchors", "folded-index"),
-    # visibility: archived flags, finite ranges, ``fields.visibility`` names, type codes and seq of message nodes.
-    ("visibility", "index"),
-    # context: ``snapshot.region_primary`` only.
-    ("context", "has-primary-region"),
-    # context: knowledge owner rows (keys, names, aliases, updated_at), owner nodes' seq/seq_end, timeline segments.
-    ("context", "owner-index"),
-    # cross recall: anchor terms, type codes and archived flags.
-    "cross-recall-cooccurrence-eligible",
-    # diffusion: edge adjacency/inhibit matrices and temporal prev/next pairs (with hub damping from degrees).
-    ("diffusion-adjacency",),
-    # diffusion: the adjacency above with the rows/columns of a visibility mask (part of the key) zeroed.
-    ("diffusion-adjacency-masked",),
-    # dedup: per node, a number for (scope owner key, summary/insight/title/name text), only ever compared for
-    # equality; per range-type set, masks from type codes and seq ranges.
-    ("dedup-keys",),
-)
-
-
-def _allowed(key: Hashable, allowed: tuple[tuple[str, ...] | str, ...]) -> bool:
-    for entry in allowed:
-        if isinstance(entry, tuple):
-            if isinstance(key, tuple) and key[: len(entry)] == entry:
-                return True
-        elif key == entry:
-            return True
-    return False
-
-
-#: Cache keys whose value mixes parts that depend on access reinforcement with parts that do not: key →
-#: ``derive(value)``, a new value for the carried snapshot that shares only the independent parts (``None``: nothing
-#: to carry). Registered by the module that builds the entry (:func:`register_reinforcement_derive`): ``("owners",
-#: "snapshot")`` (owners.py) and ``("result-kept",)`` (result.py).
-REINFORCEMENT_DERIVED: dict[Hashable, Callable[[Any], Any]] = {}
-
-
-def register_reinforcement_derive(key: Hashable, derive: Callable[[Any], Any]) -> None:
-    """Carry the entry ``key`` (exact key) over access reinforcement as ``derive(value)`` (see
-    :data:`REINFORCEMENT_DERIVED`). ``derive`` runs under the cache lock: it must not call :func:`cached`."""
-    REINFORCEMENT_DERIVED[key] = derive
-
-
-def carry_over(
-    old: GraphSnapshot,
-    new: GraphSnapshot,
-    keys: tuple[tuple[str, ...] | str, ...] = REINFORCEMENT_SAFE_KEYS,
-    derived: Mapping[Hashable, Callable[[Any], Any]] | None = None,
-) -> list[Hashable]:
-    """Share with ``new`` the entries of ``old`` whose key matches ``keys`` (see :data:`REINFORCEMENT_SAFE_KEYS`)
-    and, for a key of ``derived``, ``derived[key](value)`` (unless it is ``None``); returns the keys carried (least
-    recently used first).
-
-    The caller guarantees that those entries, built on ``old``, equal what ``new`` would build: values are shared,
-    not copied (they are immutable or only filled lazily with values that are equal on both). Entries ``new``
-    already holds are kept. ``new`` ends with at most :data:`MAX_ENTRIES_PER_SNAPSHOT` entries.
-    """
-    derived = derived or {}
-    with _LOCK:
-        source = _CACHE.get(old)
-        if not source:
-            return []
-        target: dict[Hashable, Any] = _CACHE.get(new) or {}
-        carried: list[tuple[Hashable, Any]] = []
-        for k, v in source.items():
-            if k in target:
-                continue
-            if _allowed(k, keys):
-                carried.append((k, v))
-            elif k in derived:
-                part = derived[k](v)
-                if part is not None:
-                    carried.append((k, part))
-        if not carried:
-            return []
-        # The new snapshot's own entries win and count as more recently used than the carried ones.
-        merged: OrderedDict[Hashable, Any] = OrderedDict(carried)
-        merged.update(target)
-        while len(merged) > MAX_ENTRIES_PER_SNAPSHOT:
-            merged.popitem(last=False)
-        _CACHE[new] = merged
-        return [k for k, _ in carried if k in merged]
-
-
-def carry_weak_entry(
-    table: weakref.WeakKeyDictionary[Any, V], lock: threading.Lock, old: GraphSnapshot, new: GraphSnapshot,
-    share: Callable[[V], V],
-) -> bool:
-    """``table[new] = share(table[old])`` under ``lock`` when ``old`` has an entry and ``new`` none: the carry of
-    a module's own per-snapshot weak table (``share`` returns a new container holding the same values, so the two
-    snapshots' bounds and evictions stay apart). Returns whether it carried."""
-    with lock:
-        value = table.get(old)
-        if value is None or new in table:
-            return False
-        table[new] = share(value)
-        return True
-
-
-def _carry_reinforced(old: GraphSnapshot, new: GraphSnapshot) -> None:
-    carry_over(old, new, derived=REINFORCEMENT_DERIVED)
-
-
-SnapshotCache.register_reinforcement_carry(_carry_reinforced)
 
 
 def mask_digest(mask: np.ndarray) -> str:

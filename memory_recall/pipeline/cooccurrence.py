@@ -45,7 +45,7 @@ import scipy.sparse as sp
 from memory_recall.pipeline._graph_cache import (
     COOCCURRENCE_EXCLUDED_TYPES,
     active_mask,
-    cached,
+    cached_stats,
     has_anchor_term_mask,
     hidden_mask,
     lookup,
@@ -95,7 +95,8 @@ def _build_index(snapshot: GraphSnapshot, max_per_batch: int) -> CooccurrenceInd
 def cooccurrence_index(snapshot: GraphSnapshot, max_per_batch: int = 10) -> tuple[CooccurrenceIndex, bool]:
     """``(index, was_cached)``: the co-occurrence index of ``snapshot``, built once per snapshot and batch
     size (recall-spec departure 11)."""
-    return cached(
+    # Batches rank their nodes by recency, then importance: the index reads the statistics overlay.
+    return cached_stats(
         snapshot, ("cooccurrence-index", max_per_batch), lambda: _build_index(snapshot, max_per_batch)
     )
 
@@ -138,7 +139,7 @@ class CooccurrenceStage:
             return self._skip(state, "cooccurrence-no-anchor")
 
         index, index_cached = cooccurrence_index(snap, s.max_anchors_per_batch)
-        counts, _ = cached(
+        counts, _ = cached_stats(
             snap,
             ("cooccurrence-columns", s.max_anchors_per_batch, mask_digest(allowed)),
             lambda: _mask_columns(index.counts, allowed),

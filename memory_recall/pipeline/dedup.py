@@ -54,7 +54,7 @@ from memory_recall.pipeline._graph_cache import cached
 from memory_recall.pipeline.scoring import take_rows
 from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import DiversitySettings, SelectionSettings
-from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, StructureChange
 
 __all__ = ["DEDUP_TEXT_FIELDS", "OVERLAP_RATIO", "RANGE_TYPES", "DedupStage", "dedup_text_key"]
 
@@ -110,8 +110,20 @@ class _SnapshotKeys:
 
 
 def _snapshot_keys(snapshot: GraphSnapshot) -> _SnapshotKeys:
-    value, _ = cached(snapshot, ("dedup-keys",), lambda: _SnapshotKeys(snapshot.n))
+    value, _ = cached(snapshot, ("dedup-keys",), lambda: _SnapshotKeys(snapshot.n), _updated_keys)
     return value
+
+
+def _updated_keys(old: _SnapshotKeys, change: StructureChange) -> _SnapshotKeys:
+    """The parent structure's text-key numbers for the nodes a delta left unchanged (a node's number reads only
+    its own owner key and fields); the new and rewritten nodes are numbered when first examined. The range
+    masks are per structure (they read every node) and built again."""
+    out = _SnapshotKeys(change.n_new)
+    src, dst = change.carried()
+    with old.lock:
+        out.text_id[dst] = old.text_id[src]
+        out.numbers = dict(old.numbers)
+    return out
 
 
 def _text_ids(snapshot: GraphSnapshot, keys: _SnapshotKeys, idx: np.ndarray) -> np.ndarray:

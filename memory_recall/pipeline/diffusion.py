@@ -51,6 +51,7 @@ import scipy.sparse as sp
 
 from memory_recall.pipeline._graph_cache import cached, hidden_mask, mask_digest
 from memory_recall.pipeline.kernels.diffusion import Adjacency, propagate, rank
+from memory_recall.pipeline.kind_weights import MESSAGE_TYPE_CODE
 from memory_recall.pipeline.state import QueryPlan, RecallState, StageResult, StageTrace, timed
 from memory_recall.settings import AnchorSettings, DiffusionSettings
 from memory_recall.store.snapshot import GraphSnapshot
@@ -173,14 +174,23 @@ def _temporal_strength(settings: DiffusionSettings) -> float:
     return float(settings.temporal_link_strength) if settings.enable_temporal_links else 0.0
 
 
-def hub_factors(adjacency: sp.csr_matrix | sp.csr_array, threshold: int, exponent: float) -> np.ndarray:
+def hub_factors(
+    adjacency: sp.csr_matrix | sp.csr_array, threshold: int, exponent: float, counted: np.ndarray | None = None
+) -> np.ndarray:
     """Per-node damping ``min(1, threshold / degree) ** exponent`` (degree = distinct neighbours over real
-    edges); all ones when ``threshold`` is 0. O(n + nnz)."""
+    edges; with ``counted``, a boolean mask, only the neighbours it marks); all ones when ``threshold`` is 0.
+    O(n + nnz)."""
     n = adjacency.shape[0]
     if threshold <= 0 or n == 0:
         return np.ones(n)
     csr = sp.csr_array(adjacency)
-    degree = np.diff(csr.indptr).astype(np.float64)
+    if counted is not None:
+        # Row sums of the counted neighbours by differences of one prefix sum (exact: 0/1 values), which also holds
+        # for empty rows at the end (``np.add.reduceat`` rejects a start offset equal to nnz).
+        prefix = np.concatenate(([0.0], np.cumsum(np.asarray(counted, dtype=np.float64)[csr.indices])))
+        degree = prefix[csr.indptr[1:]] - prefix[csr.indptr[:-1]]
+    else:
+        degree = np.diff(csr.indptr).astype(np.float64)
     return np.minimum(1.0, threshold / np.maximum(degree, 1.0)) ** float(exponent)
 
 
@@ -197,7 +207,8 @@ def _unique_pairs(pairs: np.ndarray, n: int) -> np.ndarray:
 
 
 def _build_adjacency(
-    snapshot: GraphSnapshot, strength: float, hub_threshold: int = 0, hub_exponent: float = 1.0
+    snapshot: GraphSnapshot, strength: float, hub_threshold: int = 0, hub_exponent: float = 1.0,
+    hub_counts: str = "all",
 ) -> Adjacency:
     """The kernel's :class:`Adjacency` from the snapshot's CSR matrices plus the temporal links
     (reference §1.3: each unordered prev/next pair once, added to any real edge between the same
@@ -205,7 +216,9 @@ def _build_adjacency(
     n = snapshot.n
     normal = sp.csr_array(snapshot.adjacency.copy(), dtype=np.float64)
     if hub_threshold > 0 and n:
-        damp = sp.diags_array(hub_factors(normal, hub_threshold, hub_exponent))
+        # hub_counts "message": only message neighbours count, so an extracted graph (no turns) is never damped.
+        counted = snapshot.type_code == MESSAGE_TYPE_CODE if hub_counts == "message" else None
+        damp = sp.diags_array(hub_factors(normal, hub_threshold, hub_exponent, counted))
         normal = sp.csr_array(damp @ normal @ damp)
     synthetic = 0
     pairs = np.asarray(snapshot.temporal_pairs, dtype=np.int64).reshape(-1, 2)
@@ -244,7 +257,7 @@ def diffusion_adjacency(
     ``hidden`` nodes zeroed when a mask is given. Built once per snapshot (and once per distinct mask), then
     served from the per-snapshot cache (recall-spec departure 11)."""
     strength = _temporal_strength(settings)
-    hub = (int(settings.hub_degree_threshold), float(settings.hub_exponent))
+    hub = (int(settings.hub_degree_threshold), float(settings.hub_exponent), str(settings.hub_degree_counts))
     base, hit = cached(
         snapshot, ("diffusion-adjacency", strength, *hub), lambda: _build_adjacency(snapshot, strength, *hub)
     )

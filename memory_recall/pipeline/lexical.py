@@ -40,6 +40,7 @@ import numpy as np
 from memory_recall.pipeline._graph_cache import active_mask
 from memory_recall.pipeline.state import Providers, RecallState, TimedStage
 from memory_recall.settings import LexicalSettings
+from memory_recall.store.snapshot import GraphSnapshot
 from memory_recall.text.tokenize import query_terms
 
 __all__ = ["LexicalStage", "bm25_query_terms"]
@@ -98,33 +99,26 @@ class LexicalStage(TimedStage):
         snap = state.snapshot
         # The stem method goes to the index only when set, so a provider without stemming keeps working.
         stem = self.settings.stem
-        if stem == "none":
-            raw_hits = list(index_fn(terms, self.settings.bm25_top_k))
-        else:
-            raw_hits = list(index_fn(terms, self.settings.bm25_top_k, stem=stem))
+
+        def ask(query: list[str]) -> list[Any]:
+            if stem == "none":
+                return list(index_fn(query, self.settings.bm25_top_k))
+            return list(index_fn(query, self.settings.bm25_top_k, stem=stem))
+
+        raw_hits = ask(terms)
         act = active_mask(state)
         index_of = snap.index
-        # A few dozen hits: plain Python per hit is cheaper than numpy calls on tiny arrays.
-        pairs: list[tuple[float, str, int]] = []  # (-score, node id, node index): the sort key, then the node
-        for node_id, raw_score in raw_hits:
-            key = str(node_id)
-            i = index_of.get(key, -1)
-            score = float(raw_score)
-            if i >= 0 and score > 0 and math.isfinite(score) and act[i]:
-                pairs.append((-score, key, i))
-        # Score desc, then node-id byte order (str order is UTF-8 byte order: the snapshot's id_rank order). One
-        # node id can only come back once from the store; keep the best anyway if an index repeats it (the first
-        # after the sort; equal keys are the same hit).
-        pairs.sort()
-        best: dict[int, float] = {}
-        for neg_score, _, i in pairs:
-            best.setdefault(i, -neg_score)
-        idx = np.fromiter(best.keys(), dtype=np.int64, count=len(best))
-        scores = np.fromiter(best.values(), dtype=np.float64, count=len(best))
-        if idx.size:
-            scores = scores / scores[0]  # the best hit, first after the sort
+        idx, scores = _ranked_hits(raw_hits, index_of, act)
+        notes: dict[str, Any] = {"terms": terms, "indexHits": len(raw_hits)}
+        if self.settings.feedback_docs > 0 and idx.size:
+            expansion = feedback_terms(snap, idx[: self.settings.feedback_docs], terms, self.settings.feedback_terms)
+            if expansion:
+                second = ask(terms + expansion)
+                idx, scores = _merge_hits(idx, scores, *_ranked_hits(second, index_of, act),
+                                          float(self.settings.feedback_weight), snap.id_rank)
+                notes["feedbackTerms"] = expansion
+                notes["feedbackHits"] = len(second)
         meta = state.with_meta(bm25Hits=int(idx.size))
-        notes = {"terms": terms, "indexHits": len(raw_hits)}
         return state.evolve(bm25_hits=(idx, scores), meta=meta), {
             "score_kind": _SCORE_KIND,
             "score_direction": "higher_is_better",
@@ -132,3 +126,57 @@ class LexicalStage(TimedStage):
             "count_out": int(idx.size),
             "notes": notes,
         }
+
+
+def _ranked_hits(raw_hits: Sequence[Any], index_of: dict[str, int], act: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Active snapshot nodes among an index's hits, score / best score, by score desc then node-id byte order."""
+    # A few dozen hits: plain Python per hit is cheaper than numpy calls on tiny arrays.
+    pairs: list[tuple[float, str, int]] = []  # (-score, node id, node index): the sort key, then the node
+    for node_id, raw_score in raw_hits:
+        key = str(node_id)
+        i = index_of.get(key, -1)
+        score = float(raw_score)
+        if i >= 0 and score > 0 and math.isfinite(score) and act[i]:
+            pairs.append((-score, key, i))
+    # Score desc, then node-id byte order (str order is UTF-8 byte order: the snapshot's id_rank order). One
+    # node id can only come back once from the store; keep the best anyway if an index repeats it (the first
+    # after the sort; equal keys are the same hit).
+    pairs.sort()
+    best: dict[int, float] = {}
+    for neg_score, _, i in pairs:
+        best.setdefault(i, -neg_score)
+    idx = np.fromiter(best.keys(), dtype=np.int64, count=len(best))
+    scores = np.fromiter(best.values(), dtype=np.float64, count=len(best))
+    if idx.size:
+        scores = scores / scores[0]  # the best hit, first after the sort
+    return idx, scores
+
+
+def feedback_terms(snapshot: GraphSnapshot, hits: np.ndarray, query: Sequence[str], limit: int) -> list[str]:
+    """Expansion terms from the texts of the first-pass ``hits`` (best first): the query terms of each hit's
+    summary, title and name, not already in ``query``, the ones found in more hits first, then by first
+    occurrence (best hit first); at most ``limit``."""
+    asked = set(query)
+    count: dict[str, int] = {}
+    for i in hits.tolist():
+        node = snapshot.node(int(i))
+        text = " ".join(t for key in ("summary", "title", "name") for t in node.field_text(key))
+        for term in dict.fromkeys(query_terms(text, 64)):
+            if term not in asked:
+                count[term] = count.get(term, 0) + 1
+    order = sorted(count, key=lambda t: -count[t])  # stable: first occurrence among equal counts
+    return order[:limit]
+
+
+def _merge_hits(
+    idx: np.ndarray, scores: np.ndarray, idx2: np.ndarray, scores2: np.ndarray, weight: float, id_rank: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per node the max of its first-pass score and ``weight`` × its expanded-pass score, ordered by score desc
+    then node-id byte order (the first pass's best keeps 1)."""
+    all_idx = np.concatenate([idx, idx2])
+    all_scores = np.concatenate([scores, weight * scores2])
+    uniq, inverse = np.unique(all_idx, return_inverse=True)
+    best = np.full(uniq.size, -np.inf)
+    np.maximum.at(best, inverse, all_scores)
+    order = np.lexsort((id_rank[uniq], -best))
+    return uniq[order], best[order]

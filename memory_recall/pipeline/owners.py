@@ -96,7 +96,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.pipeline._admission import admissible, rows_of
-from memory_recall.pipeline._graph_cache import cached, carry_weak_entry, register_reinforcement_derive
+from memory_recall.pipeline._graph_cache import cached, cached_stats
 from memory_recall.pipeline.scoring import scope_buckets, temporal_director
 from memory_recall.pipeline.state import (
     ContextInfo,
@@ -105,7 +105,7 @@ from memory_recall.pipeline.state import (
     TimedStage,
 )
 from memory_recall.settings import ContextSettings, OwnerSettings, ScoringSettings, SelectionSettings
-from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, SnapshotCache
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, SnapshotStructure, StructureChange
 from memory_recall.text.mentions import fold, term_occurs
 from memory_recall.text.normalize import js_len
 
@@ -193,8 +193,8 @@ def owner_base_key(key: str) -> str:
 
 
 class _SnapshotMemo:
-    """What the owner stage derives from one (immutable) snapshot, kept in one :func:`cached` entry (it must not
-    reference the snapshot: the cache is weakly keyed by it).
+    """What the owner stage derives from one snapshot structure (none of it reads the statistics overlay), kept
+    in one :func:`cached` entry (it must not reference the snapshot: the cache is weakly keyed by its structure).
 
     * ``pov_owner`` / ``pov_base`` (its base key) / ``participant_text`` / ``story_label``: per node, filled on
       first use (at most one entry per node);
@@ -202,9 +202,10 @@ class _SnapshotMemo:
       dozen of them per recall: a list index costs less than a numpy scalar read); 2 × 8 bytes per node
       (small ints and bools are shared objects): 1.6 MB at 100k nodes;
     * ``events``: every event sorted by ``seq``, and their ``seq`` (built on first use; 16 bytes per event);
-    * ``walk``: the reconstruction's lists (:func:`_walk_list`), at most one per node (its neighbours: as many
-      ints as its degree) plus the first 16 nearest events of an event; at most :data:`MAX_WALK_MEMO` lists
-      (emptied past it): ~0.3–1 KB each at typical degrees, so ≤ ~20 MB whatever the graph;
+    * ``walk``: the reconstruction's lists of the kinds that do not read importance (:func:`_walk_list`; the
+      others are kept per snapshot, :func:`_stats_walks`, under the same bound), at most one per node (its
+      neighbours: as many ints as its degree) plus the first 16 nearest events of an event; at most
+      :data:`MAX_WALK_MEMO` lists (emptied past it): ~0.3–1 KB each at typical degrees, so ≤ ~20 MB whatever the graph;
     * ``scenes``: per-node classifications of the :data:`MAX_SCENES` most recent scenes (:meth:`scene`): at
       most two small entries per selected node and scene.
     """
@@ -238,36 +239,56 @@ class _SnapshotMemo:
                 self.scenes.move_to_end(key)
             return found
 
-    def reinforcement_carry(self) -> _SnapshotMemo:
-        """A memo for a copy of the snapshot that differs only by access reinforcement (``importance``,
-        ``access_count``, ``last_access_time``): it shares what reads none of them — the POV owners (scope owner
-        key/name, knowledge catalog, owner node ids), participant texts and story-time labels (node fields and
-        story time), types, archived flags, the events by ``seq``, the per-scene scope and story-time verdicts —
-        and keeps the "event" (edge order) and "near" (``seq``, node id) walk lists, not the "pov" and "entity"
-        ones (ordered by recency, then importance). O(walk lists)."""
-        out = object.__new__(_SnapshotMemo)
-        out.pov_owner = self.pov_owner
-        out.pov_base = self.pov_base
-        out.participant_text = self.participant_text
-        out.story_label = self.story_label
-        out.types = self.types
-        out.archived = self.archived
-        out.events = self.events
-        # A recall on the old snapshot may add walk lists meanwhile (without a lock): list() takes the items in
-        # one C-level step, where iterating the dict itself could see it change size.
-        out.walk = {k: v for k, v in list(self.walk.items()) if k[0] in _IMPORTANCE_FREE_WALKS}
-        with _SCENES_LOCK:
-            out.scenes = OrderedDict(self.scenes)
-        return out
 
-
-#: The walk list kinds (:func:`_walk_list`) whose order does not read ``importance``.
+#: The walk list kinds (:func:`_walk_list`) whose order does not read ``importance``: kept in the structure's
+#: memo; the others ("pov", "entity": recency, then importance) per snapshot (:func:`_stats_walks`).
 _IMPORTANCE_FREE_WALKS = frozenset({"event", "near"})
 _SCENES_LOCK = threading.Lock()
 
 
 def _memo(snapshot: GraphSnapshot) -> _SnapshotMemo:
-    return cached(snapshot, ("owners", "snapshot"), lambda: _SnapshotMemo(snapshot))[0]
+    return cached(
+        snapshot, ("owners", "snapshot"), lambda: _SnapshotMemo(snapshot),
+        lambda old, change: _updated_memo(snapshot, old, change),
+    )[0]
+
+
+def _updated_memo(snapshot: GraphSnapshot, old: _SnapshotMemo, change: StructureChange) -> _SnapshotMemo | None:
+    """The parent structure's memo moved to the positions of ``snapshot`` after a delta: the per-node entries of
+    the nodes the delta left unchanged (participant texts and story-time labels read only the node; POV owners and
+    the per-scene verdicts also the chat state, so they are kept only when the state was not written). The walk
+    lists and the events read other nodes and edges: built again."""
+    if not isinstance(old, _SnapshotMemo):
+        return None
+    out = _SnapshotMemo(snapshot)
+    src, dst = change.carried()
+    moved = dict(zip(src.tolist(), dst.tolist(), strict=True))
+
+    def move(table: dict[int, Any]) -> dict[int, Any]:
+        return {moved[i]: v for i, v in list(table.items()) if i in moved}
+
+    out.participant_text = move(old.participant_text)
+    out.story_label = move(old.story_label)
+    # POV owners also match catalog owners by their character node: kept only when no node was deleted and no
+    # owner's node is new or rewritten (then every owner node is where it was, with the same id).
+    owner_nodes = snapshot.knowledge.owner_node_index
+    owners_same = not bool((change.remap < 0).any()) and not bool(
+        ((owner_nodes >= change.appended) | np.isin(owner_nodes, change.rewritten)).any()
+    )
+    if not change.state_changed and owners_same:
+        out.pov_owner = move(old.pov_owner)
+        out.pov_base = move(old.pov_base)
+        with _SCENES_LOCK:
+            scenes = list(old.scenes.items())
+        for key, (buckets, temporal) in scenes:
+            out.scenes[key] = (move(buckets), move(temporal))
+    return out
+
+
+def _stats_walks(snapshot: GraphSnapshot) -> dict[tuple[str, int], Any]:
+    """The walk lists ordered by importance (the "pov" and "entity" kinds), per snapshot: they read the statistics
+    overlay, which a reinforcement write replaces."""
+    return cached_stats(snapshot, ("owners", "stats-walks"), dict)[0]
 
 
 def resolve_pov_owner(snapshot: GraphSnapshot, i: int) -> tuple[str, str]:
@@ -354,7 +375,8 @@ def _catalog_aliases(state: RecallState) -> list[tuple[str, str, list[tuple[str,
 
 #: Catalog aliases and row contributions kept per snapshot (weak keys); emptied past this many entries.
 MAX_PARTICIPANT_MEMO = 50_000
-_PARTICIPANTS: weakref.WeakKeyDictionary[GraphSnapshot, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
+#: Keyed by the snapshot's structure (the memo reads no statistics).
+_PARTICIPANTS: weakref.WeakKeyDictionary[SnapshotStructure, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
 _PARTICIPANTS_LOCK = threading.Lock()
 
 
@@ -363,25 +385,10 @@ def _participant_memo(snapshot: GraphSnapshot) -> dict[Hashable, Any]:
     :func:`_contributions`. Both read only the snapshot and the catalog, so the top scored nodes a scene keeps
     finding are matched once (racing threads store equal values)."""
     with _PARTICIPANTS_LOCK:
-        memo = _PARTICIPANTS.get(snapshot)
+        memo = _PARTICIPANTS.get(snapshot.structure)
         if memo is None or len(memo) >= MAX_PARTICIPANT_MEMO:
-            memo = _PARTICIPANTS[snapshot] = {}
+            memo = _PARTICIPANTS[snapshot.structure] = {}
         return memo
-
-
-def _carry_memo(value: Any) -> _SnapshotMemo | None:
-    return value.reinforcement_carry() if isinstance(value, _SnapshotMemo) else None
-
-
-def _carry_participants(old: GraphSnapshot, new: GraphSnapshot) -> None:
-    """Access-reinforcement carry hook: the carried snapshot keeps the old one's catalog aliases (knowledge
-    catalog) and row contributions (type and owner type codes, POV owners, participant text of the node fields),
-    shared in a new dict; the weighted score they are scaled by is applied per recall, outside the memo."""
-    carry_weak_entry(_PARTICIPANTS, _PARTICIPANTS_LOCK, old, new, dict)
-
-
-register_reinforcement_derive(("owners", "snapshot"), _carry_memo)
-SnapshotCache.register_reinforcement_carry(_carry_participants)
 
 
 #: What one scored row adds to an owner candidate: ``(owner key, owner name, base, cap, divisor, source,
@@ -514,8 +521,9 @@ class OwnerStage(TimedStage):
 
     def _admit(self, state: RecallState, idx: Sequence[int], scene: ContextInfo) -> list[bool]:
         # ``scene``: the scoring gate's owners (state.context) as a scene: verdicts are shared by its recalls.
+        # Scene reconstruction (the only caller) weighs no evidence: a node visible only by a rescue stays out.
         return admissible(state, np.array(idx, dtype=np.int64), context=self.context, scoring=self.scoring,
-                          require_active=True, owner_context=scene).tolist()
+                          require_active=True, owner_context=scene, rescued=False).tolist()
 
     def _owner_pov_rows(self, state: RecallState, keys: Sequence[str]) -> dict[str, int]:
         """Best-ranked scored pov_memory node index of each owner key (base-key comparison)."""
@@ -874,7 +882,8 @@ def _walk_list(snap: GraphSnapshot, memo: _SnapshotMemo, kind: str, i: int) -> A
       ``complete`` when that is the whole order.
     """
     key = (kind, i)
-    found = memo.walk.get(key)
+    walks = memo.walk if kind in _IMPORTANCE_FREE_WALKS else _stats_walks(snap)
+    found = walks.get(key)
     if found is not None:
         return found
     if kind == "near":
@@ -888,9 +897,9 @@ def _walk_list(snap: GraphSnapshot, memo: _SnapshotMemo, kind: str, i: int) -> A
             found = _by_recency(snap, nb)
         else:
             found = _by_recency(snap, nb[snap.type_code[nb] == _EVENT])
-    if len(memo.walk) >= MAX_WALK_MEMO:
-        memo.walk.clear()
-    memo.walk[key] = found
+    if len(walks) >= MAX_WALK_MEMO:
+        walks.clear()
+    walks[key] = found
     return found
 
 

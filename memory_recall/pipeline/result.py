@@ -59,7 +59,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from memory_recall.pipeline._admission import admissible, rows_of, with_owners
-from memory_recall.pipeline._graph_cache import cached, register_reinforcement_derive
+from memory_recall.pipeline._graph_cache import cached, cached_stats
 from memory_recall.pipeline.owners import owner_base_key, resolve_pov_owner, scene_context
 from memory_recall.pipeline.scoring import (
     TEMPORAL_PRIORITY,
@@ -70,7 +70,7 @@ from memory_recall.pipeline.scoring import (
 )
 from memory_recall.pipeline.state import ContextInfo, Explanation, ExplanationPart, RecallState, StageTrace
 from memory_recall.settings import RecallSettings
-from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, StructureChange
 
 __all__ = [
     "ExplanationModel",
@@ -334,29 +334,37 @@ def _explanation_data(expl: Explanation) -> dict[str, Any]:
 
 @dataclasses.dataclass
 class _Kept:
-    """What the builder keeps per snapshot, in one graph-cache entry (the cache holds few entries per snapshot):
-    node dumps and labels (:func:`_node_entry`), omitted-node models (:func:`_omitted`), temporal priorities per
-    story time (:func:`_temporal_priority`)."""
+    """What the builder keeps per snapshot structure, in one graph-cache entry (the cache holds few entries per
+    snapshot): omitted-node models (:func:`_omitted`: node id and reason), temporal priorities per story time
+    (:func:`_temporal_priority`). The node dumps read the statistics overlay and are kept per snapshot
+    (:func:`_dumps_memo`)."""
 
-    nodes: dict[int, tuple[dict[str, Any], str]] = dataclasses.field(default_factory=dict)
     omitted: dict[tuple[int, str], OmittedNode] = dataclasses.field(default_factory=dict)
     priority: dict[ContextInfo, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def _kept(snap: GraphSnapshot) -> _Kept:
-    return cached(snap, ("result-kept",), _Kept)[0]
+    return cached(snap, ("result-kept",), _Kept, _updated_kept)[0]
 
 
-def _carry_kept(value: Any) -> _Kept | None:
-    """What a copy of the snapshot that differs only by access reinforcement keeps of its :class:`_Kept`: the
-    omitted-node models (node id and reason) and temporal priorities (story time), shared; not the node dumps
-    (they hold ``importance``, ``access_count`` and ``last_access_time``) nor the labels stored with them."""
-    if not isinstance(value, _Kept):
-        return None
-    return _Kept(omitted=value.omitted, priority=value.priority)
+def _updated_kept(old: _Kept, change: StructureChange) -> _Kept:
+    """The parent structure's :class:`_Kept` at the new positions after a delta: omitted-node models of the nodes
+    the delta left unchanged, and their temporal priorities when the chat state (the timeline) was not written."""
+    src, dst = change.carried()
+    moved = dict(zip(src.tolist(), dst.tolist(), strict=True))
+    out = _Kept(omitted={(moved[i], r): m for (i, r), m in list(old.omitted.items()) if i in moved})
+    if not change.state_changed:
+        for story, table in list(old.priority.items()):
+            new = np.full(change.n_new, _UNKNOWN_PRIORITY, dtype=np.int8)
+            new[dst] = table[src]
+            out.priority[story] = new
+    return out
 
 
-register_reinforcement_derive(("result-kept",), _carry_kept)
+def _dumps_memo(snap: GraphSnapshot) -> dict[int, tuple[dict[str, Any], str]]:
+    """Node dumps and labels (:func:`_node_entry`) per snapshot object: a dump holds ``importance``,
+    ``access_count`` and ``last_access_time``, which a reinforcement write changes."""
+    return cached_stats(snap, ("result-node-dumps",), dict)[0]
 
 
 def _omitted(snap: GraphSnapshot, nodes: Iterable[int], reason: str) -> list[OmittedNode]:
@@ -393,7 +401,7 @@ def _owners_ran(traces: Sequence[StageTrace]) -> bool:
 def _node_entry(snap: GraphSnapshot, i: int) -> tuple[dict[str, Any], str]:
     """``(node.model_dump(mode="json"), node_label(node))`` of node ``i``, from a per-snapshot cache: both depend
     only on the (immutable) snapshot. The dumps are shared by every result of the snapshot (read-only)."""
-    entries = _kept(snap).nodes
+    entries = _dumps_memo(snap)
     entry = entries.get(i)
     if entry is None:
         if len(entries) >= MAX_NODE_DUMPS:
@@ -443,7 +451,7 @@ def _core_order(snap: GraphSnapshot) -> tuple[np.ndarray, np.ndarray]:
         order = idx[np.lexsort((snap.id_rank[idx], -snap.importance[idx], -snap.recency(idx)))]
         return order, snap.type_code[order] == TYPE_CODE["synopsis"]
 
-    return cached(snap, ("result-core-order",), build)[0]
+    return cached_stats(snap, ("result-core-order",), build)[0]  # ordered by importance: per overlay
 
 
 class _Builder:
@@ -541,8 +549,16 @@ class _Builder:
             order = order[~synopsis]
         if order.size == 0:
             return []
-        order = order[admissible(self.state, order, context=self.settings.context, scoring=self.settings.scoring,
-                                 require_active=False, owner_context=scene_context(self.state.context))]
+        # A node visible only by a rescue is never always-injected (departure 4): unless it was selected on its
+        # evidence, it stays out of the core rows (and so of the fallback layout, which prints them).
+        allowed = admissible(self.state, order, context=self.settings.context, scoring=self.settings.scoring,
+                             require_active=False, owner_context=scene_context(self.state.context), rescued=False)
+        back = ~allowed & np.isin(order, np.asarray(selected, dtype=np.int64)) if selected else None
+        if back is not None and back.any():  # selected rescued nodes keep their row: judge just those again
+            allowed[back] = admissible(self.state, order[back], context=self.settings.context,
+                                       scoring=self.settings.scoring, require_active=False,
+                                       owner_context=scene_context(self.state.context))
+        order = order[allowed]
         cap = int(self.settings.injector.core_cap)
         keep = cap + OMITTED_LIST_CAP
         # Selected or scored: a node mask gathers faster than a search over the ~2,000 core nodes of a long chat.
@@ -633,6 +649,7 @@ class _Builder:
         rows = rows_of(self.state, np.array(selected, dtype=np.int64))
         origins = self.state.meta.get("selectionOrigins") or {}
         default_origin = "llm" if (self.state.llm or {}).get("status") == "llm" else "score"
+        rescue_reasons = self.state.meta.get("knowledgeRescueReasons") or {}
         out = []
         for rank, (i, r) in enumerate(zip(selected, rows.tolist(), strict=True), start=1):
             nid = snap.ids[i]
@@ -641,9 +658,12 @@ class _Builder:
                 expl = explain_row(snap, self.state.scored, r, self.settings.scoring, self.settings.lexical)
             else:
                 expl = added_by_explanation(nid, origin)
+            data = _explanation_data(expl)
+            if nid in rescue_reasons:  # departure 4: a rescued node's explanation says so, and why
+                data["notes"] = {**data.get("notes", {}), "rescue": str(rescue_reasons[nid])}
             out.append({
                 "rank": rank, "node_id": nid, "type": snap.type_of(i), "label": _node_entry(snap, i)[1],
-                "origin": origin, "score": float(expl.score), "explanation": _explanation_data(expl),
+                "origin": origin, "score": float(expl.score), "explanation": data,
             })
         return out
 

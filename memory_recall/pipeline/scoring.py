@@ -59,10 +59,18 @@ Departures (recall-spec)
       POV nodes are anchored (``KnowledgeArrays.own_pov``, §7 item 4); candidates outside the active set,
       hidden by the visibility filter or listed in an earlier ``gate_suppressed`` are dropped; the verdict is
       recorded in ``meta["gate_suppressed"]``.
-    * 4 — rescue thresholds compare the raw cosine ``vector_raw``, not the blend-weighted score (§7 item 7).
+    * 4 (as amended) — the rescue rules read the calibrated cosine (:func:`rescue_calibration`: the query's
+      cosine measured from its median over the chat's active nodes, so a threshold means the same under any
+      embedder), the field match, the exact anchors and graph energy only beside vector evidence; never the
+      blend-weighted score nor the raw cosine (§7 item 7). ``knowledgeRescueReasons`` / ``knowledgeRescueOnlyNodes``
+      (meta) and ``rescueCalibration`` (trace notes) report them; the late routes refuse rescue-only nodes
+      (:func:`~memory_recall.pipeline._admission.admissible` with ``rescued=False``). A ``userPov`` node the
+      request's persona anchors is visible (:func:`persona_row`); a ``message`` node is gated only by explicit
+      hidden / mistaken entries.
     * 10 — ties break by node id byte order.
     * BM25 channel — ``lexical = max(field match, bm25_score)`` (recall-spec: the BM25 "normalised score feeds
-      the lexical weight"), so a strong BM25 hit can also rescue through the lexical ≥ 0.85 rule.
+      the lexical weight") for the ranking; the lexical rescue reads the field match alone (BM25 is divided by the
+      best hit's score, so the best hit always has 1).
     * 8 — the field match uses the multi-script lexical kernel (the cue mode comes from the context stage,
       which scans only the user message and the newest assistant line).
 """
@@ -81,21 +89,31 @@ from typing import Any
 import numpy as np
 
 from memory_recall.model.graph import PRIMARY_LEXICAL_FIELDS, SECONDARY_LEXICAL_FIELDS, Node
-from memory_recall.pipeline._graph_cache import active_mask, cached, carry_weak_entry, hidden_mask
+from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask, mask_digest
 from memory_recall.pipeline.kernels.lexical import PackedFieldTable, PreparedNode, prepare_node, prepare_sources
-from memory_recall.pipeline.kernels.scoring import hybrid_score
+from memory_recall.pipeline.kind_weights import (
+    MESSAGE_TYPE_CODE,
+    kind_weights,
+    message_rows,
+    per_kind_hybrid,
+    scale_hybrid,
+)
+from memory_recall.pipeline.speaker_cue import speaker_cue_weights
 from memory_recall.pipeline.state import (
     ContextInfo,
     Explanation,
     ExplanationPart,
+    RecallQuery,
     RecallState,
     ScoredTable,
     StageResult,
     StageTrace,
     timed,
 )
+from memory_recall.pipeline.temporal import time_cue_weights
+from memory_recall.pipeline.vector_prefilter import query_similarities
 from memory_recall.settings import ContextSettings, LexicalSettings, ScoringSettings
-from memory_recall.store.snapshot import TENSE_CODE, GraphSnapshot, SnapshotCache
+from memory_recall.store.snapshot import TENSE_CODE, GraphSnapshot, SnapshotStructure
 from memory_recall.text.normalize import normalize_query
 
 __all__ = [
@@ -169,12 +187,20 @@ _THRESHOLD_CURRENT = 0.34
 _THRESHOLD_ADJACENT = 0.42
 _THRESHOLD_GLOBAL = 0.56
 _THRESHOLD_OTHER = 0.4
-_RESCUE_VECTOR = 0.82
-_RESCUE_LEXICAL = 0.85
+# Rescue rules on the *calibrated* cosine u = (cos − m) / (1 − m), m = the query's median cosine over the chat's
+# active nodes (recall-spec departure 4 as amended; derivation in :func:`rescue_calibration`): u is 0 for what a
+# typical node of this chat scores and 1 for an identical text, whatever the embedder's spread.
+_RESCUE_VECTOR = 0.82  # global: the reference's 0.82 read on the calibrated scale (a near-duplicate)
+_RESCUE_CURRENT_VECTOR = 0.6  # current region: a question about the node itself (measured 0.56–0.68), not its topic
+_RESCUE_SUPPORT = 0.6  # lexical and graph evidence rescue only with this much of the node's own vector evidence
+_RESCUE_LEXICAL = 0.85  # the field match only (token coverage: embedder-independent); BM25 is best-hit-relative
 _RESCUE_GRAPH = 1.1
-_RESCUE_CURRENT_VECTOR = 0.48
 _RESCUE_CURRENT_GRAPH = 0.82
 _RESCUE_VISIBILITY = 0.68
+#: Fewer active nodes with a vector than this: no calibration (a median of a handful of cosines says nothing), so
+#: no vector-based rescue; at most this many (a deterministic stride through the active set) estimate the median.
+RESCUE_MIN_SAMPLE = 8
+RESCUE_MAX_SAMPLE = 2048
 # Knowledge weights (§3.12 step 7).
 _WEIGHT_ANCHORED = 1.18
 _WEIGHT_RESCUED = 0.92
@@ -556,7 +582,8 @@ class _SceneCodes:
 
 #: Scene codes kept per snapshot (weak keys: they die with it); emptied past this many scenes.
 MAX_SCENES_PER_SNAPSHOT = 64
-_SCENES: weakref.WeakKeyDictionary[GraphSnapshot, dict[Hashable, _SceneCodes]] = weakref.WeakKeyDictionary()
+#: Keyed by the snapshot's structure: the codes read no statistics (they survive reinforcement writes).
+_SCENES: weakref.WeakKeyDictionary[SnapshotStructure, dict[Hashable, _SceneCodes]] = weakref.WeakKeyDictionary()
 _SCENES_LOCK = threading.Lock()
 
 
@@ -571,7 +598,7 @@ def _scene_codes(
         context.active_region, tuple(context.adjacent_regions), bool(region_scoped),
     )
     with _SCENES_LOCK:
-        found = _SCENES.get(snapshot, {}).get(key)
+        found = _SCENES.get(snapshot.structure, {}).get(key)
     if found is not None:
         return found
     vocab = arrays.vocab
@@ -596,25 +623,13 @@ def _scene_codes(
         adjacent=codes(adjacent) if region_on and adjacent else [],
     )
     with _SCENES_LOCK:
-        per = _SCENES.get(snapshot)
+        per = _SCENES.get(snapshot.structure)
         if per is None:
-            per = _SCENES[snapshot] = {}
+            per = _SCENES[snapshot.structure] = {}
         if len(per) >= MAX_SCENES_PER_SNAPSHOT:
             per.clear()
         per[key] = scene
     return scene
-
-
-def _carry_scenes(old: GraphSnapshot, new: GraphSnapshot) -> None:
-    """Access-reinforcement carry hook (:meth:`SnapshotCache.register_reinforcement_carry`): the carried snapshot
-    keeps the old one's scene codes (shared, in a new dict). They are codes of the ``("scoring-arrays",)``
-    vocabulary (carried too, and built deterministically from the same strings), and the scope memo reads the POV
-    flags, owner types and the owner key/name, primary region and region token codes: none of ``importance``,
-    ``access_count`` or ``last_access_time``, the only things reinforcement changes."""
-    carry_weak_entry(_SCENES, _SCENES_LOCK, old, new, dict)
-
-
-SnapshotCache.register_reinforcement_carry(_carry_scenes)
 
 
 #: ``scope_buckets``' bucket per condition, then the default (index ``len(conditions)``).
@@ -852,9 +867,111 @@ class GateResult:
     threshold: np.ndarray
     coverage: np.ndarray
     owner_visible: np.ndarray
+    #: Visible only because of a rescue (no owner sees it without one): such a node may be ranked and selected on
+    #: its evidence but never enters through the core route, scene reconstruction or the fallback layout.
+    rescue_only: np.ndarray
+    #: The first rescue rule that holds per node (:data:`RESCUE_RULES` index; 0 = none).
+    rescue_rule: np.ndarray
 
     def __len__(self) -> int:
         return int(self.visible.shape[0])
+
+
+#: Rescue rules in the order :func:`knowledge_gate` tries them (index 0: no rule holds).
+RESCUE_RULES: tuple[str, ...] = ("", "vector", "current-vector", "named", "lexical", "graph", "current-graph")
+
+
+@dataclass(frozen=True)
+class RescueCalibration:
+    """The query's own cosine distribution over the chat (:func:`rescue_calibration`): ``median`` per query
+    (q,), NaN when fewer than :data:`RESCUE_MIN_SAMPLE` active nodes have a vector; ``sample`` = cosines used."""
+
+    median: np.ndarray
+    sample: int
+
+    def calibrated(self, cosines: np.ndarray) -> np.ndarray:
+        """u = (cos − m) / (1 − m) per query row of ``cosines`` (q × m); NaN where uncalibrated."""
+        m = self.median[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(m < 1.0, (cosines - m) / (1.0 - m), np.nan)
+
+
+def rescue_calibration(embeddings: np.ndarray, eligible: np.ndarray, queries: np.ndarray | None) -> RescueCalibration:
+    """The median cosine of each query (rows of ``queries``, L2-normalised) over the nodes of ``eligible`` (active
+    with a vector), from at most :data:`RESCUE_MAX_SAMPLE` of them taken at an even stride (deterministic; the
+    median of 2,048 cosines is within ~0.002 of the chat's). O(sample × d × q).
+
+    Derivation (recall-spec departure 4, amended). A rescue says *the query is about this very node*, strongly
+    enough to override the owner not knowing it. The raw cosine cannot say that the same way under two embedders:
+    multilingual-e5-small scores unrelated texts of a chat 0.75–0.87, an embedder without e5's shared component
+    0.3–0.4, and the reference's fixed 0.82 rescued nearly every e5 node. What is comparable is where a cosine
+    sits between what a typical node of *this chat* scores for *this query* (the median m: most nodes are
+    unrelated to any one query) and an identical text (1): u = (cos − m) / (1 − m). u is exactly invariant
+    under any increasing affine map of the cosines that keeps 1 at 1, and measured under two embedders of very
+    different spread it agrees within 0.02 (``scripts/pov_stress.py``; docs/reference-differences.md). On the
+    project's fixtures u is ≈ 0.45 for the memory a scene asks about, ≤ 0.52 for secrets on the same topic, and
+    0.56–0.68 for a question about the node itself; the thresholds (:data:`_RESCUE_VECTOR` …) sit above the
+    topic level with margin.
+    """
+    return calibration_from_sample(*rescue_sample(embeddings, eligible), queries)
+
+
+def rescue_sample(embeddings: np.ndarray, eligible: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(rows, count)``: the rows of ``embeddings`` :func:`rescue_calibration` measures against — the nodes of
+    ``eligible``, at most :data:`RESCUE_MAX_SAMPLE` of them at an even stride, as one contiguous float32 matrix (no
+    rows when fewer than :data:`RESCUE_MIN_SAMPLE`) — and how many nodes it stands for (the rows, or the eligible
+    count when too few). Depends on the structure and the mask only, so the scoring stage keeps it per
+    snapshot structure and mask (the gather is most of the calibration's cost at 100k nodes)."""
+    at = np.flatnonzero(eligible)
+    if at.size < RESCUE_MIN_SAMPLE:
+        return np.zeros((0, embeddings.shape[1] if embeddings.ndim == 2 else 0), dtype=np.float32), int(at.size)
+    if at.size > RESCUE_MAX_SAMPLE:
+        at = at[:: -(-at.size // RESCUE_MAX_SAMPLE)]
+    return np.ascontiguousarray(embeddings[at], dtype=np.float32), int(at.size)
+
+
+def calibration_from_sample(sample: np.ndarray, count: int, queries: np.ndarray | None) -> RescueCalibration:
+    """:func:`rescue_calibration` over a :func:`rescue_sample` ``(sample, count)``."""
+    if queries is None or queries.size == 0:
+        return RescueCalibration(np.zeros(0), 0)
+    if sample.shape[0] == 0:
+        return RescueCalibration(np.full(queries.shape[0], np.nan), count)
+    # The vector prefilter's product: the same bits whatever the BLAS thread count (departure 10).
+    sims = query_similarities(sample, np.ascontiguousarray(queries, dtype=np.float32))
+    return RescueCalibration(np.median(sims, axis=1).astype(np.float64), int(sample.shape[0]))
+
+
+def calibrated_cosine(
+    embeddings: np.ndarray, has_vector: np.ndarray, idx: np.ndarray, queries: np.ndarray | None,
+    weights: np.ndarray, calibration: RescueCalibration,
+) -> np.ndarray:
+    """(m,) calibrated cosine u of the nodes ``idx`` for the query whose blend-weighted u is highest (the blend
+    weight discounts context queries as the vector merge does; weighing u, not the raw cosine, keeps the choice
+    the same under any embedder; the first query on ties); NaN for a node without a vector or an uncalibrated
+    query. O(q × m × d)."""
+    m = idx.size
+    if queries is None or queries.size == 0 or m == 0 or calibration.median.size != queries.shape[0]:
+        return np.full(m, np.nan)
+    sims = query_similarities(np.ascontiguousarray(embeddings[idx], dtype=np.float32),
+                              np.ascontiguousarray(queries, dtype=np.float32)).astype(np.float64)
+    per_query = calibration.calibrated(sims)
+    scored = np.nan_to_num(per_query * np.asarray(weights, dtype=np.float64)[:, None], nan=-np.inf)
+    u = per_query[np.argmax(scored, axis=0), np.arange(m)]
+    return np.where(has_vector[idx], u, np.nan)
+
+
+def persona_row(snapshot: GraphSnapshot, query: RecallQuery) -> int:
+    """Knowledge row of the user persona the request names (``query.active_user_pov_owner``: a name, matched as
+    ``user:<name>``, or a ``user:`` key), −1 when it names none or it has no ``user`` entry. Only a persona the
+    host names explicitly opens the user-POV section past the character owners' knowledge: one taken from the
+    history or the host's user name does not (its POV memories would outrank every objective memory of a chat
+    whose host never asked for them)."""
+    name = query.active_user_pov_owner.strip()
+    know = snapshot.knowledge
+    if not name or not know.owner_keys:
+        return -1
+    row = know.row(name if name.lower().startswith("user:") else f"user:{name}")
+    return row if row >= 0 and know.owner_types[row] == "user" else -1
 
 
 def resolve_owner_rows(snapshot: GraphSnapshot, owner_keys: Sequence[str]) -> np.ndarray:
@@ -873,6 +990,8 @@ def knowledge_gate(
     bucket: np.ndarray,
     *,
     inject_low_confidence: bool = False,
+    user_row: int = -1,
+    named: np.ndarray | None = None,
 ) -> GateResult:
     """Knowledge gate of the nodes ``node_idx`` for the scene owners ``owner_rows`` (rows of
     ``snapshot.knowledge``, −1 = an owner key without an entry), vectorised: O(owners × nodes).
@@ -881,9 +1000,20 @@ def knowledge_gate(
     node the owner is mistaken about → invisible; ``anchored`` = known / manual-known / the owner's own
     character node / the owner's own POV node (``own_pov``: departure 2, §7 item 4); ``base = max(visibility,
     anchored)``; threshold POV 0.18, current region 0.34, adjacent 0.42, global 0.56 (0 with
-    ``inject_low_confidence``), other 0.4; an objective, non-anchored node is rescued (visibility ≥ 0.68) when
-    the **raw cosine** ``vector_raw`` ≥ 0.82 (departure 4), ``lexical`` ≥ 0.85, ``graph`` ≥ 1.1, or in the
-    current region with raw cosine ≥ 0.48 or graph ≥ 0.82. ``bucket`` holds scope bucket names.
+    ``inject_low_confidence``), other 0.4; an objective, non-anchored node is rescued (visibility ≥ 0.68) by the
+    first rule that holds (departure 4 as amended: every rule reads the **calibrated** cosine ``vector_raw`` = u
+    of :func:`calibrated_cosine`, NaN when there is none): u ≥ 0.82 (``vector``); in the current region u ≥ 0.6
+    (``current-vector``); named in the user message (``named``: an exact anchor of the anchor stage, a name or
+    title the user wrote, the same under any embedder); field match ``lexical`` ≥ 0.85 with u ≥ 0.6 or no vector
+    (``lexical``); ``graph`` ≥ 1.1
+    with u ≥ 0.6 (``graph``); in the current region graph ≥ 0.82 with u ≥ 0.6 (``current-graph``). Graph energy
+    alone never rescues: it measures closeness to what the query found (an everyday event a secret hangs off),
+    not evidence about the node. ``bucket`` holds scope bucket names.
+
+    ``user_row`` (:func:`persona_row`, −1 = none): a ``userPov`` node the persona's own entry anchors (its own
+    POV, or known and not hidden) is visible and ``anchored`` whatever the character owners know — the
+    user-POV section prints the persona's view labelled as not character facts (docs/reference-differences.md;
+    the reference gated it by the characters, so the section stayed empty).
     """
     index = {b: i for i, b in enumerate(SCOPE_BUCKETS)}
     bucket_idx = np.fromiter(
@@ -899,6 +1029,8 @@ def knowledge_gate(
         lexical,
         bucket_idx,
         inject_low_confidence=inject_low_confidence,
+        user_row=user_row,
+        named=named,
     )
 
 
@@ -925,6 +1057,7 @@ _THRESHOLDS = np.array(
 )
 _THRESHOLDS_INJECT = np.where(np.arange(7) == SCOPE_BUCKETS.index("objectiveGlobal"), 0.0, _THRESHOLDS)
 _CURRENT_BUCKET = SCOPE_BUCKETS.index("objectiveCurrentRegion")
+_USER_POV_BUCKET = SCOPE_BUCKETS.index("userPov")
 
 
 def _gate_codes(snapshot: GraphSnapshot) -> np.ndarray:
@@ -938,6 +1071,10 @@ def _gate_codes(snapshot: GraphSnapshot) -> np.ndarray:
     live[know.manual_known & ~anchored] = _G_SCORED_MANUAL
     live[anchored] = _G_ANCHORED
     live[know.manual_known & anchored] = _G_MANUAL
+    # A chat turn (``message`` node, a project addition) is what was said in the chat, not a memory extracted
+    # for an owner: the knowledge state has no entry for it, so only an explicit hidden / mistaken entry gates
+    # it (the reference has no such nodes; its raw-cosine rescue let every one through under e5 by accident).
+    live[(live == _G_SCORED) & (snapshot.type_code == MESSAGE_TYPE_CODE)[None, :]] = _G_NO_OWNER
     live[know.mistaken & ~snapshot.is_pov[None, :]] = _G_MISTAKEN
     live[know.hidden] = _G_HIDDEN
     codes[k] = _G_NO_OWNER
@@ -964,6 +1101,8 @@ def _knowledge_gate(
     bucket_idx: np.ndarray,
     *,
     inject_low_confidence: bool,
+    user_row: int = -1,
+    named: np.ndarray | None = None,
 ) -> GateResult:
     """:func:`knowledge_gate` of ``idx`` (int64) with the scope buckets as :data:`SCOPE_BUCKETS` indices."""
     m = idx.size
@@ -980,6 +1119,8 @@ def _knowledge_gate(
             threshold=np.zeros(m),
             coverage=np.ones(m),
             owner_visible=np.zeros((0, m), dtype=bool),
+            rescue_only=np.zeros(m, dtype=bool),
+            rescue_rule=np.zeros(m, dtype=np.int8),
         )
     arrays = arrays or _snapshot_arrays(snapshot)
     raw = np.asarray(vector_raw, dtype=np.float64)
@@ -989,10 +1130,17 @@ def _knowledge_gate(
     threshold = (_THRESHOLDS_INJECT if inject_low_confidence else _THRESHOLDS)[bucket_idx]
     threshold[pov] = _THRESHOLD_POV
     current = bucket_idx == _CURRENT_BUCKET
-    strong = (raw >= _RESCUE_VECTOR) | (lexical >= _RESCUE_LEXICAL) | (graph >= _RESCUE_GRAPH)
-    if current.any():
-        strong |= current & ((raw >= _RESCUE_CURRENT_VECTOR) | (graph >= _RESCUE_CURRENT_GRAPH))
-    strong &= ~pov  # only objective nodes are rescued
+    # NaN (no calibrated cosine) fails every comparison: no vector-based rule holds.
+    support = raw >= _RESCUE_SUPPORT
+    rule = np.select(
+        [raw >= _RESCUE_VECTOR, current & (raw >= _RESCUE_CURRENT_VECTOR),
+         np.zeros(m, dtype=bool) if named is None else np.asarray(named, dtype=bool),
+         (lexical >= _RESCUE_LEXICAL) & (support | np.isnan(raw)), (graph >= _RESCUE_GRAPH) & support,
+         current & (graph >= _RESCUE_CURRENT_GRAPH) & support],
+        [1, 2, 3, 4, 5, 6], 0,
+    ).astype(np.int8)
+    rule[pov] = 0  # only objective nodes are rescued
+    strong = rule > 0
 
     # (k, m) gathers from the flat per-snapshot arrays; an owner key without an entry reads the last code row.
     n_owners, n = arrays.gate_code.shape[0] - 1, arrays.gate_code.shape[1]
@@ -1010,26 +1158,37 @@ def _knowledge_gate(
     rescued = by_scores & strong  # objective, not anchored, strong: visibility at least 0.68
     # base = max(visibility, anchored), raised to 0.68 when rescued.
     vis_o = np.maximum(vis, np.where(rescued, _RESCUE_VISIBILITY, _G_FLOOR[code]))
-    visible_o = _G_VISIBLE[code] | rescued | (by_scores & (vis_o >= threshold))
+    plain_o = _G_VISIBLE[code] | (by_scores & (vis >= threshold))  # visible without any rescue
+    visible_o = plain_o | rescued | (by_scores & (vis_o >= threshold))
     neutral = _G_NEUTRAL[code]  # early returns and missing entries report visibility 0, threshold 0
     # Per owner: the code's mode; decided by the scores: rescued (always visible), soft-visible or suppressed.
     mode_o = np.where(code == _G_SCORED, _SUPPRESSED - visible_o - rescued, _G_MODE[code])
 
     visible = visible_o.any(axis=0)
+    persona = np.zeros(m, dtype=bool)
+    if 0 <= user_row < n_owners:  # the persona's own view: see knowledge_gate
+        persona = pov & (bucket_idx == _USER_POV_BUCKET) & _G_ANCHOR[arrays.gate_code[user_row].take(idx)]
+        persona &= ~visible
     # The node's mode: manual-known when a visible owner is, else anchored when one is, else the first visible
     # owner's mode (the first owner's when none is visible): the owner with the highest visible rank wins.
     rank = visible_o * ((_G_RANK * (k + 1))[code] + np.arange(k, 0, -1)[:, None])
     mode = mode_o[rank.argmax(axis=0), np.arange(m)]
+    if persona.any():
+        visible = visible | persona
+        mode = np.where(persona, _ANCHORED, mode)
+        vis_o = np.where(persona, np.maximum(vis_o, 1.0), vis_o)
     return GateResult(
         visible=visible,
         mode=_MODE_ARRAY[mode],
         reason=_REASON_ARRAY[np.where(visible, _NO_OWNER, mode)],
-        anchored=_G_ANCHOR[code].any(axis=0),
+        anchored=_G_ANCHOR[code].any(axis=0) | persona,
         rescued=rescued.any(axis=0),
         visibility=np.where(neutral, 0.0, vis_o).max(axis=0),
         threshold=np.where(neutral, 0.0, threshold).max(axis=0),
         coverage=visible_o.sum(axis=0) / k,
         owner_visible=visible_o,
+        rescue_only=visible & ~plain_o.any(axis=0) & ~persona,
+        rescue_rule=np.where(rescued.any(axis=0), rule, 0).astype(np.int8),
     )
 
 
@@ -1051,7 +1210,9 @@ def take_rows(table: ScoredTable, rows: np.ndarray) -> ScoredTable:
     values: dict[str, Any] = {}
     for f in fields(table):
         col = getattr(table, f.name)
-        if isinstance(col, np.ndarray):
+        if f.name in ("time_cue_weight", "speaker_cue_weight") and col.size == 0:
+            values[f.name] = col  # a table built without the time cue: every row's is 1
+        elif isinstance(col, np.ndarray):
             values[f.name] = col[rows].copy()
         else:
             values[f.name] = tuple(col[int(r)] for r in rows)
@@ -1105,10 +1266,10 @@ def explain_row(
     """The :class:`Explanation` of one scored row: the four weighted parts (their contributions sum to
     ``weighted_score``), each with its normalised input as ``value`` and the effective weight (hybrid weight /
     weight sum × decay × every multiplier) as ``weight``."""
-    delta = float(lexical.lexical_weight) if lexical.enable_lexical_boost else 0.0
-    raw_weights = (scoring.graph_weight, scoring.vector_weight, delta, scoring.importance_weight)
-    denom = max(1e-6, sum(max(0.0, w) for w in raw_weights))
     node_i = int(table.index[row])
+    is_message = bool(snapshot.type_code[node_i] == MESSAGE_TYPE_CODE)
+    raw_weights = kind_weights(scoring, lexical, message=is_message).raw  # per node kind (pipeline.kind_weights)
+    denom = max(1e-6, sum(max(0.0, w) for w in raw_weights))
     multipliers = {
         "decay": float(table.decay[row]),
         "scope": float(table.scope_weight[row]),
@@ -1116,6 +1277,13 @@ def explain_row(
         "owner_coverage": float(table.owner_coverage_weight[row]),
         "temporal": float(table.temporal_weight[row]),
     }
+    # The time cue's own row (pipeline.temporal), listed only where it raised the node (else it is exactly 1).
+    time_cue = float(table.time_cue_weight[row]) if table.time_cue_weight.size else 1.0
+    if time_cue != 1.0:
+        multipliers["time_cue"] = time_cue
+    speaker_cue = float(table.speaker_cue_weight[row]) if table.speaker_cue_weight.size else 1.0
+    if speaker_cue != 1.0:  # the speaker cue's own row (pipeline.speaker_cue), likewise
+        multipliers["speaker_cue"] = speaker_cue
     values = (
         min(1.0, max(0.0, float(table.graph_score[row]) / 2.0)),
         min(1.0, max(0.0, float(table.vector_score[row]))),
@@ -1171,15 +1339,20 @@ class ScoringStage:
 
     # -- steps ---------------------------------------------------------------------------------------------
 
-    def _lexical(self, state: RecallState, idx: np.ndarray, bm25: np.ndarray) -> np.ndarray:
+    def _lexical(
+        self, state: RecallState, idx: np.ndarray, bm25: np.ndarray, is_message: np.ndarray | None = None
+    ) -> np.ndarray:
         """Reference field match against the lexical sources, max-combined with the BM25 score; 0 when the
-        lexical boost is off (§3.12 step 1)."""
+        lexical boost is off (§3.12 step 1). The field match is scaled per row by its kind's field-match weight
+        (``is_message`` rows: ``scoring.message_field_match_weight``; pipeline.kind_weights)."""
         m = idx.size
         if not self.lexical.enable_lexical_boost:
             return np.zeros(m)
-        weight = float(self.lexical.field_match_weight)
+        weight: float | np.ndarray = float(self.lexical.field_match_weight)
+        if is_message is not None and is_message.any():
+            weight = np.where(is_message, float(self.settings.message_field_match_weight), weight)
         field_match = np.zeros(m)
-        if weight != 0.0:  # a weight of 0 zeroes every (finite, non-negative) field match
+        if np.any(weight != 0.0):  # a weight of 0 zeroes every (finite, non-negative) field match
             sources = state.plan.lexical_sources or (normalize_query(state.query.user_message),)
             snap = state.snapshot
             field_match = _field_table(snap).scores(
@@ -1188,6 +1361,30 @@ class ScoringStage:
         if self.lexical.enable_bm25:
             return np.maximum(field_match, bm25.clip(0.0, 1.0))
         return field_match
+
+    def _gate_lexical(self, state: RecallState, idx: np.ndarray, lexical: np.ndarray) -> np.ndarray:
+        """The lexical evidence the rescue rules read: the reference's field match alone (a token coverage, the
+        same under any embedder). The BM25 part is left out: it is divided by the best hit's score, so the best
+        hit always has 1 — a rank, not a strength, that would rescue the top lexical hit of every query."""
+        if not (self.lexical.enable_lexical_boost and self.lexical.enable_bm25):
+            return lexical
+        return self._lexical(state, idx, np.zeros(idx.size)) if self.lexical.field_match_weight else np.zeros(idx.size)
+
+    def _calibrated(self, state: RecallState, idx: np.ndarray) -> tuple[np.ndarray, RescueCalibration]:
+        """Calibrated cosine of the candidates (:func:`calibrated_cosine`) and the calibration it used."""
+        snap = state.snapshot
+        queries = state.query_vectors
+        if queries is None or not snap.embeddings.shape[0] or queries.shape[-1] != snap.embeddings.shape[1]:
+            return np.full(idx.size, np.nan), RescueCalibration(np.zeros(0), 0)
+        eligible = active_mask(state) & snap.has_vector
+        sample, _ = cached(snap, ("rescue-sample", mask_digest(eligible)),
+                           lambda: rescue_sample(snap.embeddings, eligible))
+        calibration = calibration_from_sample(*sample, queries)
+        weights = np.array([w for _, w in state.plan.vector_queries], dtype=np.float64)
+        if weights.size != queries.shape[0]:
+            weights = np.ones(queries.shape[0])
+        u = calibrated_cosine(snap.embeddings, snap.has_vector, idx, queries, weights, calibration)
+        return u, calibration
 
     def _run(self, state: RecallState) -> tuple[RecallState, dict[str, Any]]:
         snap = state.snapshot
@@ -1227,28 +1424,44 @@ class ScoringStage:
         graph, vector, raw, bm25 = cols
         m = idx.size
 
-        lexical = self._lexical(state, idx, bm25)
-        delta = float(self.lexical.lexical_weight) if self.lexical.enable_lexical_boost else 0.0
+        # Weights per node kind (pipeline.kind_weights): message rows with the message_* values when
+        # scoring.message_weights is on, every other row (and all rows when it is off) with the reference's.
+        is_message = message_rows(snap, idx, self.settings)
+        ref_w = kind_weights(self.settings, self.lexical, message=False)
+        msg_w = kind_weights(self.settings, self.lexical, message=True)
+        lexical = self._lexical(state, idx, bm25, is_message)
+        delta = ref_w.lexical
         fused_vector, fused_lexical = vector, lexical
-        carry = float(self.settings.neighbour_carry)
-        if carry > 0.0:
-            fused_vector = neighbour_carry_values(fused_vector, idx, snap.prev_index, snap.next_index, carry)
-            fused_lexical = neighbour_carry_values(fused_lexical, idx, snap.prev_index, snap.next_index, carry)
+        for w, rows in ((ref_w, None if is_message is None else ~is_message), (msg_w, is_message)):
+            if w.neighbour_carry <= 0.0 or (rows is not None and not rows.any()) or (w is msg_w and rows is None):
+                continue
+            carried_v = neighbour_carry_values(vector, idx, snap.prev_index, snap.next_index, w.neighbour_carry)
+            carried_l = neighbour_carry_values(lexical, idx, snap.prev_index, snap.next_index, w.neighbour_carry)
+            fused_vector = carried_v if rows is None else np.where(rows, carried_v, fused_vector)
+            fused_lexical = carried_l if rows is None else np.where(rows, carried_l, fused_lexical)
         if self.settings.fusion == "rrf":
             fused_vector = rank_fusion_values(fused_vector, snap.id_rank[idx])
             fused_lexical = rank_fusion_values(fused_lexical, snap.id_rank[idx])
-        hp = hybrid_score(
-            graph,
-            fused_vector,
-            fused_lexical,
-            snap.importance[idx],
-            snap.created_time[idx] if self.settings.time_decay else np.full(m, np.nan),  # NaN → decay 1.0
-            float(state.query.now_ms),
-            graph_weight=self.settings.graph_weight,
-            vector_weight=self.settings.vector_weight,
-            importance_weight=self.settings.importance_weight,
-            lexical_weight=delta,
+        hp = per_kind_hybrid(
+            graph, fused_vector, fused_lexical, snap.importance[idx], snap.created_time[idx],
+            float(state.query.now_ms), is_message, ref_w, msg_w,
         )
+        # Time cue (pipeline.temporal): when-questions and named dates raise the message turns that fit.
+        time_w, time_notes = time_cue_weights(
+            snap, idx, is_message if is_message is not None else np.zeros(m, dtype=bool),
+            state.query.user_message, float(state.query.now_ms), self.settings,
+        )
+        if time_notes:
+            # Folded into the hybrid score like the time decay (not into the ranking multipliers): the DPP picks by
+            # the hybrid score, so a multiplier of the weighted score alone would only move the pool's edge.
+            hp = scale_hybrid(hp, time_w)
+        # Speaker cue (pipeline.speaker_cue): a question naming a speaker raises that speaker's turns, the same way.
+        speaker_w, speaker_notes = speaker_cue_weights(
+            snap, idx, is_message if is_message is not None else np.zeros(m, dtype=bool),
+            state.query.user_message, self.settings,
+        )
+        if speaker_notes:
+            hp = scale_hybrid(hp, speaker_w)
 
         # Scope buckets and story time as codes into small tables (names, weights, priorities).
         ctx = state.context
@@ -1267,17 +1480,24 @@ class ScoringStage:
         n_owners = len(owner_keys)
         multiplier = scope_w  # (((scope × knowledge) × coverage) × temporal), factors of 1 left out (exact)
         gate: GateResult | None = None
+        calibrated = np.full(m, np.nan)
+        calibration = RescueCalibration(np.zeros(0), 0)
         if self.context.enable_cognitive_memory:
+            owner_rows = resolve_owner_rows(snap, owner_keys)
+            if owner_rows.size and m:  # rescue evidence matters only when some owner gates
+                calibrated, calibration = self._calibrated(state, idx)
             gate = _knowledge_gate(
                 snap,
                 arrays,
                 idx,
-                resolve_owner_rows(snap, owner_keys),
-                raw,
+                owner_rows,
+                calibrated,
                 graph,
-                lexical,
+                self._gate_lexical(state, idx, lexical) if owner_rows.size else lexical,
                 bucket,
                 inject_low_confidence=self.settings.inject_low_confidence_objective_memory,
+                user_row=persona_row(snap, state.query),
+                named=np.isin(idx, np.fromiter((i for i, _ in state.anchors), dtype=np.int64)),
             )
             know_w = np.where(
                 gate.anchored,
@@ -1308,6 +1528,15 @@ class ScoringStage:
         # Rank the gate-visible rows (temporally suppressed ones included: temporalBuckets lists them). The scope
         # priority then the story-time priority (0–5) sort as one key.
         priority = _NEG_SCOPE_PRIORITY[bucket] * len(TEMPORAL_BUCKETS) + t_table.neg_priority[t_code]
+        if is_message is not None:
+            # Per node kind (departure, docs/reference-differences.md): a raw chat turn without a scope of its own
+            # (objectiveGlobal) is the chat itself, not a memory of another place or time; it sorts with the
+            # current-region memories of the current story time, by score, instead of below every scoped one.
+            turn = is_message & (bucket == _CHOICE_BUCKET[_GLOBAL_CHOICE])
+            if turn.any():
+                top = _NEG_SCOPE_PRIORITY[SCOPE_BUCKETS.index("objectiveCurrentRegion")] * len(TEMPORAL_BUCKETS) - (
+                    len(TEMPORAL_BUCKETS) - 1)
+                priority = np.where(turn, top, priority)
         order = np.lexsort((snap.id_rank[idx], -hp.score, -weighted, priority))
         if not visible.all():
             order = order[visible[order]]
@@ -1332,12 +1561,16 @@ class ScoringStage:
             owner_coverage_weight=cover_w[kept],
             temporal_bucket=tuple(t_table.bucket[t_code[kept]].tolist()),
             temporal_weight=temporal_w[kept],
+            time_cue_weight=time_w[kept],
+            speaker_cue_weight=speaker_w[kept],
         )
 
         meta = self._meta(
             state, arrays, table, arrays.ids[idx], idx, order, kept, kept_bucket, t_code, t_table, gate,
             owner_keys, t_suppressed, hidden_ids, prior, weights_map,
         )
+        if gate is not None:
+            meta.update(_rescue_meta(arrays.ids[idx], gate, calibrated, graph, lexical))
         new_state = state.evolve(scored=table, meta=state.with_meta(**meta))
         notes = {
             "owner_keys": list(owner_keys),
@@ -1349,6 +1582,18 @@ class ScoringStage:
             "temporal_suppressed": int(np.count_nonzero(t_suppressed)),
             "lexical_weight": delta,
         }
+        if is_message is not None:
+            notes["message_rows"] = int(np.count_nonzero(is_message))
+        if time_notes:
+            notes["time_cue"] = time_notes
+        if speaker_notes:
+            notes["speaker_cue"] = speaker_notes
+        if calibration.median.size:
+            med = float(calibration.median[0])
+            notes["rescueCalibration"] = {
+                "median": med, "spread": 1.0 - med, "medians": calibration.median.round(4).tolist(),
+                "sample": calibration.sample,
+            }
         return new_state, {**base, "count_in": m_in, "count_out": len(table), "notes": notes}
 
     def _meta(
@@ -1468,6 +1713,32 @@ class ScoringStage:
             "temporalRescuedNodes": row_ids[t_rescued].tolist(),
             "gate_suppressed": gate_suppressed,
         }
+
+
+def _rescue_meta(
+    ids: np.ndarray, gate: GateResult, calibrated: np.ndarray, graph: np.ndarray, lexical: np.ndarray
+) -> dict[str, Any]:
+    """``knowledgeRescueOnlyNodes`` (visible only through a rescue: never admitted by the core route, scene
+    reconstruction or the fallback layout) and ``knowledgeRescueReasons`` (id → the rule and its evidence), in
+    score-map order. ``lexical`` is the recall's lexical score (the reason quotes it; the rule read the field
+    match)."""
+    at = np.flatnonzero(gate.visible & (gate.rescue_rule > 0))
+    reasons = {}
+    for i in at.tolist():
+        rule = RESCUE_RULES[int(gate.rescue_rule[i])]
+        u = float(calibrated[i])
+        evidence = f"calibrated cosine {u:.3f}" if np.isfinite(u) else "no calibrated cosine"
+        if rule == "lexical":
+            evidence = f"lexical {float(lexical[i]):.3f}, {evidence}"
+        elif rule == "named":
+            evidence = f"named in the user message, {evidence}"
+        elif rule in ("graph", "current-graph"):
+            evidence = f"graph energy {float(graph[i]):.3f}, {evidence}"
+        reasons[str(ids[i])] = f"rescued by rule {rule}: {evidence}"
+    return {
+        "knowledgeRescueOnlyNodes": ids[gate.rescue_only].tolist(),
+        "knowledgeRescueReasons": reasons,
+    }
 
 
 def _gate_meta(

@@ -266,6 +266,11 @@ class ScoredTable:
     owner_coverage_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
     temporal_bucket: tuple[str, ...] = ()
     temporal_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: Time-cue multiplier per row (pipeline.temporal), 1 where the question's time cue did not raise the row;
+    #: empty in a table built without it (then every row's is 1).
+    time_cue_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: Speaker-cue multiplier per row (pipeline.speaker_cue), likewise.
+    speaker_cue_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __len__(self) -> int:
         return int(self.index.shape[0])

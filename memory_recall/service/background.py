@@ -13,8 +13,9 @@ Contract
   brings each one's vectors up to date with :func:`~memory_recall.providers.embed_missing` in chunks of
   ``batch_size`` nodes. It holds no chat lock: a chunk's vectors are written only for nodes whose text did not
   change meanwhile (``embed_missing`` checks inside the chunk's write), so events and recalls on the same chat
-  run between chunks. The local engine serves a waiting query before the next passage chunk, so a recall's
-  query embedding waits for at most one chunk.
+  run between chunks. The engine serves a waiting query before the next passage slice
+  (:class:`~memory_recall.providers.embedding.EngineGate`), so a recall's query embedding waits for at most one
+  slice. Every event of the service requests its chat here (the event answers before its vectors exist).
 * **Failures retry.** An unavailable embedder marks the chat's sync job ``failed`` with the category and the
   chat is requested again after a back-off (5 s doubling to 5 min); a later success marks the job ``done``.
 * **Sync jobs** (:class:`SyncJobs`) keep the latest whole-chat sync per chat in memory: ``ingesting`` →

@@ -157,9 +157,10 @@ ChatEvent = Annotated[
 
 
 class EmbeddingOutcome(BaseModel):
-    """Embedding of new or changed nodes after a write (inline, after the write committed)."""
+    """Embedding of new or changed nodes after a write: ``queued`` (the background worker embeds them; the
+    default), ``ok``/``failed`` (``?embed=inline``: embedded before the answer), ``disabled`` (no embedder)."""
 
-    status: Literal["ok", "failed", "disabled"]
+    status: Literal["ok", "failed", "disabled", "queued"]
     model_id: str = ""
     embedded: int = 0
     failure_category: str = ""

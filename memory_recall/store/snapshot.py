@@ -26,10 +26,10 @@ import struct
 import sys
 import threading
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -65,8 +65,13 @@ __all__ = [
     "NodeIndex",
     "NodeIndexTable",
     "PackedTexts",
+    "NodeStats",
     "SnapshotCache",
+    "SnapshotDelta",
     "SnapshotSource",
+    "SnapshotStructure",
+    "StructureChange",
+    "apply_delta",
     "build_snapshot",
     "compress_text",
     "decompress_text",
@@ -454,6 +459,19 @@ class JoinedStrings(Sequence[str]):
 
     __hash__ = None  # type: ignore[assignment]
 
+    def extended(self, items: Sequence[str]) -> JoinedStrings:
+        """These strings followed by ``items`` (one copy of the text; no str object per string held)."""
+        if not items:
+            return self
+        tail = "".join(items)
+        lengths = np.fromiter(map(len, items), np.int64, len(items))
+        size = len(self._text)
+        ends = np.concatenate([self._ends, size + np.cumsum(lengths)])
+        starts = None
+        if self._starts is not None:
+            starts = np.concatenate([self._starts, ends[len(self):] - lengths])
+        return JoinedStrings(self._text + tail, ends, starts)
+
     def take(self, positions: Sequence[int] | np.ndarray) -> JoinedStrings:
         """The strings at ``positions``, in that order (sharing this text)."""
         at = np.asarray(positions, dtype=np.int64).reshape(-1)
@@ -632,6 +650,71 @@ class SnapshotSource:
     journal: list[JournalEntry]
     edge_columns: EdgeColumns | None = None
     embeddings_aligned: bool = False
+    #: The store's node rowids (node order) and edge rowids (edge-list order) when read from a store: kept by the
+    #: snapshot's structure so that :func:`apply_delta` can place the rows of a later delta.
+    node_rids: np.ndarray | None = None
+    edge_rowids: np.ndarray | None = None
+    #: Set by :func:`apply_delta`: ``embeddings`` is the (n × d) matrix already L2-normalised and this is its
+    #: has-vector mask (no second normalisation, which could change the last bit of a row).
+    embeddings_normalised: np.ndarray | None = None
+
+
+@dataclass
+class SnapshotDelta:
+    """What changed in a chat between two store versions (:meth:`StoreReader.snapshot_delta`), the input of
+    :func:`apply_delta`.
+
+    Node rows and edge rows written after ``since`` come in store order (``ord``, rowid); endpoints of edges
+    and the rows of vectors are given as node rowids. ``deleted_*`` are the rowids of deleted nodes and edges and
+    the node rowids whose ``model_id`` vector was deleted (the edges and vectors a node deletion cascades to are not
+    listed: they go with the node). ``state`` is ``(knowledge, regions, timeline, summaries, history, journal)``
+    when the chat state was written, else ``None``.
+    """
+
+    chat_id: str
+    since: int
+    version: int
+    model_id: str
+    node_rids: np.ndarray
+    node_ids: list[str]
+    node_index: NodeIndexTable
+    node_blobs: list[bytes]  # compress_text of each node's JSON
+    deleted_nodes: np.ndarray
+    edge_rowids: np.ndarray
+    edge_ids: list[str]
+    edge_relation: list[str]
+    edge_src_rid: np.ndarray
+    edge_dst_rid: np.ndarray
+    edge_strength: np.ndarray
+    edge_type: np.ndarray
+    edge_invalid_at: np.ndarray
+    edge_expired_at: np.ndarray
+    deleted_edges: np.ndarray
+    vector_rids: np.ndarray
+    vectors: np.ndarray  # (k × d) float32, raw (not normalised)
+    deleted_vectors: np.ndarray
+    vector_dim: int  # dimension of the chat's stored ``model_id`` vectors now (0: none stored)
+    state: tuple[KnowledgeState, RegionState, TimelineState, SummaryState, HistoryState, list[JournalEntry]] | None
+
+    @property
+    def empty(self) -> bool:
+        """Nothing written (only the version moved, e.g. a batch that wrote recall records)."""
+        return not (
+            self.node_rids.size or self.deleted_nodes.size or self.edge_rowids.size or self.deleted_edges.size
+            or self.vector_rids.size or self.deleted_vectors.size or self.state is not None
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class _DeltaBase:
+    """What :func:`apply_delta` needs of a snapshot beside its arrays: the node rowids (node order), the index
+    columns as decoded from the store (``importance`` there is stale once reinforced: the overlay holds it),
+    every edge as read (also inactive ones; endpoints as node positions) with its rowid, and the node JSON."""
+
+    rids: np.ndarray
+    columns: dict[str, Any]
+    edges: EdgeColumns
+    edge_rowids: np.ndarray
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -736,6 +819,85 @@ def _knowledge_arrays(
 # ---------------------------------------------------------------------------------------------------------------
 
 
+class SnapshotStructure:
+    """The identity of a snapshot's structure: node index, vectors, CSR graphs, text and knowledge arrays — all
+    but the statistics overlay (:class:`NodeStats`). A write that only access-reinforces nodes gives the chat a
+    snapshot with a new overlay and this same object, so caches of structure-only values keyed on it
+    (:func:`memory_recall.pipeline._graph_cache.cached`) survive such writes with no carry-over. Any other change
+    makes a new structure.
+
+    ``version`` is the store version the structure was built (or last updated by a delta) at. ``source`` holds what
+    an incremental update needs beside the snapshot's own arrays (:func:`apply_delta`): the store-side node rowids,
+    the undecoded index columns and every edge (also the inactive ones); ``None`` for snapshots built without a
+    store (they are only ever rebuilt).
+    """
+
+    __slots__ = ("__weakref__", "_parent", "change", "source", "version")
+
+    def __init__(
+        self, version: int, source: _DeltaBase | None = None, *, parent: SnapshotStructure | None = None,
+        change: StructureChange | None = None,
+    ) -> None:
+        self.version = version
+        self.source = source
+        # Held (with its caches) until this structure is itself updated (:meth:`release_parent`): the first recall
+        # on the new snapshot updates the parent's cached values instead of building them. At most one parent
+        # per live structure: a chain of updates keeps no older structure alive.
+        self._parent = parent
+        self.change = change
+
+    @property
+    def parent(self) -> SnapshotStructure | None:
+        """The structure this one was updated from by a delta (:attr:`change` says how), until released."""
+        return self._parent
+
+    def release_parent(self) -> None:
+        """Drop the parent (and so its caches): called when a delta updates this structure into a child."""
+        self._parent = None
+
+    def __repr__(self) -> str:
+        return f"SnapshotStructure(version={self.version})"
+
+
+@dataclass(frozen=True, eq=False)
+class StructureChange:
+    """How a delta turned a parent structure into its child (:attr:`SnapshotStructure.change`), for per-structure
+    caches that update a parent's value instead of building anew (:func:`memory_recall.pipeline._graph_cache.cached`
+    with ``update``): ``remap[i]`` is the new position of the parent's node ``i`` (−1: deleted); nodes at
+    ``rewritten`` (new positions) were rewritten in place; the nodes from ``appended`` on are new;
+    ``state_changed`` when the chat state (knowledge, regions, timeline, …) was written; ``edges_changed`` when
+    an edge was written or deleted, or the edge horizon moved."""
+
+    n_old: int
+    n_new: int
+    remap: np.ndarray
+    rewritten: np.ndarray
+    appended: int
+    state_changed: bool
+    edges_changed: bool
+
+    def carried(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(old, new)`` positions of the nodes whose rows are unchanged (kept and not rewritten)."""
+        old = np.flatnonzero(self.remap >= 0)
+        new = self.remap[old]
+        keep = ~np.isin(new, self.rewritten)
+        return old[keep], new[keep]
+
+
+@dataclass(frozen=True, eq=False)
+class NodeStats:
+    """The per-node statistics overlay of a snapshot: what recall itself writes (access reinforcement).
+
+    ``importance`` is the (n,) float64 importance of every node. ``reinforced`` maps a node index to its
+    ``(access_count, importance, last_access_time)`` when a reinforcement write changed them after the node JSON
+    held by the structure was read (:meth:`GraphSnapshot.node` applies them); a freshly built snapshot has none.
+    Immutable: a reinforcement makes a new overlay.
+    """
+
+    importance: np.ndarray
+    reinforced: Mapping[int, tuple[int, float, int]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, eq=False)
 class GraphSnapshot:
     """Arrays of one chat's graph at one store version (see the module docstring)."""
@@ -751,7 +913,7 @@ class GraphSnapshot:
     seq: np.ndarray  # (n,) int64
     seq_start: np.ndarray  # (n,) float64, NaN when the node has no finite range
     seq_end: np.ndarray  # (n,) float64, NaN when the node has no finite range
-    importance: np.ndarray  # (n,) float64
+    stats: NodeStats  # the statistics overlay: ``importance`` and what access reinforcement wrote since the build
     created_time: np.ndarray  # (n,) float64 ms
     is_pov: np.ndarray  # (n,) bool
     owner_type_code: np.ndarray  # (n,) int8: 0 none, 1 character, 2 user
@@ -792,6 +954,9 @@ class GraphSnapshot:
     history: HistoryState
     journal: tuple[JournalEntry, ...]
     built_at_ms: int
+    #: Identity of the structure (everything but :attr:`stats`): shared by the snapshots that differ only in their
+    #: statistics overlay; per-snapshot caches of structure-only values key on it.
+    structure: SnapshotStructure
     _node_json: Sequence[str] = field(repr=False)  # a tuple, or PackedTexts (compressed) from the store
     _nodes: dict[int, Node] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -799,6 +964,11 @@ class GraphSnapshot:
     @property
     def n(self) -> int:
         return len(self.ids)
+
+    @property
+    def importance(self) -> np.ndarray:
+        """(n,) float64 importance of each node (the statistics overlay's: reinforcement updates it)."""
+        return self.stats.importance
 
     @property
     def dim(self) -> int:
@@ -810,6 +980,11 @@ class GraphSnapshot:
         if cached is not None:
             return cached
         node = Node.model_validate_json(self._node_json[i])
+        stat = self.stats.reinforced.get(i)
+        if stat is not None:  # the node JSON predates the reinforcement writes of the overlay
+            node = node.model_copy(
+                update={"access_count": stat[0], "importance": stat[1], "last_access_time": stat[2]}
+            )
         with self._lock:
             self._nodes[i] = node
         return node
@@ -955,7 +1130,10 @@ def _build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     next_index = np.fromiter(map(index.get, c["next_id"], itertools.repeat(-1)), dtype=np.int64, count=n)
 
     # Embeddings: rows aligned to node order; missing vectors stay zero and are masked out.
-    emb, has_vec = _embedding_matrix(source, index, n)
+    if source.embeddings_normalised is not None:
+        emb, has_vec = source.embeddings, source.embeddings_normalised
+    else:
+        emb, has_vec = _embedding_matrix(source, index, n)
 
     # Active edges between non-archived nodes, in edge-list order (reference §1.3). Column passes instead of one
     # branchy loop: a large chat has several edges per node.
@@ -1014,6 +1192,9 @@ def _build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     temporal_pairs = np.stack([keys // max(n, 1), keys % max(n, 1)], axis=1)
 
     knowledge = _knowledge_arrays(source.knowledge, index, scope_owner_key, n)
+    base = None
+    if source.node_rids is not None and source.edge_rowids is not None:
+        base = _DeltaBase(source.node_rids, c, cols, source.edge_rowids)
     return GraphSnapshot(
         chat_id=source.chat_id,
         version=source.version,
@@ -1026,7 +1207,7 @@ def _build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
         seq=seq,
         seq_start=seq_start,
         seq_end=seq_end,
-        importance=importance,
+        stats=NodeStats(importance),
         created_time=created,
         is_pov=is_pov,
         owner_type_code=owner_type_code,
@@ -1067,6 +1248,7 @@ def _build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
         history=source.history,
         journal=tuple(source.journal),
         built_at_ms=now_ms,
+        structure=SnapshotStructure(source.version, base),
         _node_json=source.node_json if isinstance(source.node_json, PackedTexts) else tuple(source.node_json),
     )
 
@@ -1141,37 +1323,354 @@ def snapshot_from_graph(
     return build_snapshot(source, now_ms=now_ms)
 
 
+class _SplicedBlobs(Sequence[bytes]):
+    """The compressed node JSON of a snapshot updated by a delta: position ``i`` is ``base[take[i]]`` for the rows
+    kept from the previous snapshot (``take[i] >= 0``) and ``extra[i]`` for the rows the delta wrote. Chains of
+    deltas nest; :func:`_spliced` flattens a chain past :data:`_MAX_SPLICE_DEPTH`."""
+
+    __slots__ = ("_base", "_extra", "_take", "depth")
+
+    def __init__(self, base: Sequence[bytes], take: np.ndarray, extra: Mapping[int, bytes], depth: int) -> None:
+        self._base = base
+        self._take = take
+        self._extra = dict(extra)
+        self.depth = depth
+
+    def __len__(self) -> int:
+        return int(self._take.size)
+
+    def _item(self, i: int) -> bytes:
+        at = int(self._take[i])
+        return self._base[at] if at >= 0 else self._extra[i]
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._item(k) for k in range(len(self))[i]]
+        return self._item(range(len(self))[i])
+
+
+#: Nested deltas over the node JSON before it is flattened into one tuple of blobs (each level costs a lookup).
+_MAX_SPLICE_DEPTH = 8
+
+
+def _spliced(base: Sequence[bytes], take: np.ndarray, extra: Mapping[int, bytes]) -> Sequence[bytes]:
+    depth = base.depth + 1 if isinstance(base, _SplicedBlobs) else 1
+    out = _SplicedBlobs(base, take, extra, depth)
+    return tuple(out) if depth > _MAX_SPLICE_DEPTH else out
+
+
+def _positions(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Position in ``keys`` (unique int64) of each value of ``query``, −1 when absent. O((k + q) log k)."""
+    query = np.asarray(query, dtype=np.int64)
+    out = np.full(query.size, -1, dtype=np.int64)
+    if not keys.size or not query.size:
+        return out
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    at = np.clip(np.searchsorted(sk, query), 0, sk.size - 1)
+    found = sk[at] == query
+    out[found] = order[at[found]]
+    return out
+
+
+def _merge_column(old: Any, take: np.ndarray | None, updates: dict[int, Any], added: Any) -> Any:
+    """One index column after a delta: the kept rows of ``old`` (all when ``take`` is None), rows of ``updates``
+    (new position → value) replaced, then ``added`` appended. Arrays stay arrays (of the old dtype), others
+    become tuples."""
+    if isinstance(old, np.ndarray):
+        kept = old if take is None else old[take]
+        out = np.concatenate([kept, np.asarray(added, dtype=old.dtype)]) if len(added) else kept.copy()
+        if updates:
+            out[np.fromiter(updates, np.int64, len(updates))] = np.asarray(list(updates.values()), dtype=old.dtype)
+        return out
+    kept_list = list(old) if take is None else list(map(old.__getitem__, take.tolist()))
+    for i, v in updates.items():
+        kept_list[i] = v
+    kept_list.extend(added)
+    return tuple(kept_list)
+
+
+_STAT_FIELDS = ("access_count", "importance", "last_access_time")
+
+
+def _stats_only(snap: GraphSnapshot, delta: SnapshotDelta, at: np.ndarray) -> bool:
+    """Whether ``delta`` only rewrote the statistics of existing nodes (``at``: their positions): same index
+    values but importance, same node JSON but access reinforcement's fields, nothing else written."""
+    if (
+        delta.deleted_nodes.size or delta.edge_rowids.size or delta.deleted_edges.size or delta.vector_rids.size
+        or delta.deleted_vectors.size or delta.state is not None or bool((at < 0).any())
+    ):
+        return False
+    base = snap.structure.source
+    assert base is not None
+    new_cols = delta.node_index.columns()
+    for name in _INDEX_FIELDS:
+        if name == "importance":
+            continue
+        old_col, new_col = base.columns[name], new_cols[name]
+        for k, p in enumerate(at.tolist()):
+            a, b = old_col[p], new_col[k]
+            if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+                continue
+            if not (a == b or (isinstance(a, np.floating) and np.isnan(a) and np.isnan(b))):
+                return False
+    for k, p in enumerate(at.tolist()):
+        old_node = Node.model_validate_json(snap._node_json[p]).model_dump(exclude=set(_STAT_FIELDS))
+        new_node = Node.model_validate_json(decompress_text(delta.node_blobs[k])).model_dump(exclude=set(_STAT_FIELDS))
+        if old_node != new_node:
+            return False
+    return True
+
+
+def apply_delta(snap: GraphSnapshot, delta: SnapshotDelta, *, now_ms: int) -> GraphSnapshot | None:
+    """The snapshot of ``delta.version``: ``snap`` (built or updated at ``delta.since``) with ``delta`` applied —
+    equal to a fresh build of that version (every array, every node) — or ``None`` when ``snap`` cannot take a
+    delta (built without a store, or a vector dimension changed): rebuild then.
+
+    Only the rows the delta holds are decoded (no store read or JSON parse of unchanged nodes). A delta that only
+    access-reinforced nodes (the recall's own write) gives a snapshot with a new statistics overlay and the same
+    :class:`SnapshotStructure`, so structure-keyed caches stay valid; any other delta merges the kept, replaced
+    and appended rows into the index columns and re-derives the arrays from them (numpy passes over the chat).
+    """
+    base = snap.structure.source
+    if base is None or snap.version != delta.since or delta.chat_id != snap.chat_id:
+        return None
+    texts = snap._node_json
+    if not isinstance(texts, PackedTexts) or texts._overrides:
+        return None
+    with gc_paused():
+        at = _positions(base.rids, delta.node_rids)
+        dead = np.isin(delta.node_rids, delta.deleted_nodes)
+        at[dead] = -1  # a rowid reused after a delete is a new node
+        if delta.node_rids.size and now_ms < snap.valid_until_ms and _stats_only(snap, delta, at):
+            return _with_stats(snap, delta, at)
+        return _merged(snap, base, delta, at, now_ms)
+
+
+def _with_stats(snap: GraphSnapshot, delta: SnapshotDelta, at: np.ndarray) -> GraphSnapshot:
+    importance = snap.stats.importance.copy()
+    reinforced = dict(snap.stats.reinforced)
+    new_imp = delta.node_index.columns()["importance"]
+    for k, p in enumerate(at.tolist()):
+        node = Node.model_validate_json(decompress_text(delta.node_blobs[k]))
+        importance[p] = float(new_imp[k])
+        reinforced[p] = (node.access_count, node.importance, node.last_access_time)
+    with snap._lock:
+        parsed = {i: n for i, n in snap._nodes.items() if i not in reinforced}
+    return dataclasses.replace(
+        snap, version=delta.version, stats=NodeStats(importance, reinforced), _nodes=parsed, _lock=threading.Lock()
+    )
+
+
+def _merged(
+    snap: GraphSnapshot, base: _DeltaBase, delta: SnapshotDelta, at: np.ndarray, now_ms: int
+) -> GraphSnapshot | None:
+    n_old = snap.n
+    removed = np.isin(base.rids, delta.deleted_nodes) if delta.deleted_nodes.size else np.zeros(n_old, bool)
+    take: np.ndarray | None = np.flatnonzero(~removed) if removed.any() else None
+    kept_n = n_old if take is None else int(take.size)
+    remap = np.arange(n_old, dtype=np.int64) if take is None else np.full(n_old, -1, np.int64)
+    if take is not None:
+        remap[take] = np.arange(kept_n, dtype=np.int64)
+    in_place = at >= 0
+    in_place[in_place] = remap[at[in_place]] >= 0
+    upd_new = remap[at[in_place]]  # new positions of the rows replaced in place
+    upd_k = np.flatnonzero(in_place)
+    add_k = np.flatnonzero(~in_place)
+    n = kept_n + int(add_k.size)
+
+    # Index columns: importance starts from the overlay (the structure's column predates reinforcement).
+    new_cols = delta.node_index.columns()
+    old_cols = dict(base.columns)
+    old_cols["importance"] = snap.stats.importance
+    upd_list, add_list = upd_k.tolist(), add_k.tolist()
+    pos_list = upd_new.tolist()
+    cols: dict[str, Any] = {}
+    for name in _INDEX_FIELDS:
+        col = new_cols[name]
+        cols[name] = _merge_column(
+            old_cols[name], take, dict(zip(pos_list, map(col.__getitem__, upd_list), strict=True)),
+            [col[k] for k in add_list],
+        )
+    ids_list = list(snap.ids) if take is None else list(map(snap.ids.__getitem__, take.tolist()))
+    ids_list.extend(delta.node_ids[k] for k in add_list)
+    rids = np.concatenate([base.rids if take is None else base.rids[take], delta.node_rids[add_k]])
+
+    # Node JSON: kept rows share their blobs.
+    texts = snap._node_json
+    assert isinstance(texts, PackedTexts)
+    node_take = np.concatenate([
+        np.arange(n_old, dtype=np.int64) if take is None else take, np.full(add_k.size, -1, np.int64)
+    ])
+    extra: dict[int, bytes] = {}
+    for k, p in zip(upd_list, pos_list, strict=True):
+        node_take[p] = -1
+        extra[p] = delta.node_blobs[k]
+    for j, k in enumerate(add_list):
+        extra[kept_n + j] = delta.node_blobs[k]
+    node_json = PackedTexts(_spliced(texts._blobs, node_take, extra))
+
+    # Edges: kept (not deleted, both ends kept), replaced in place, appended; endpoints as new positions.
+    e_old = base.edges
+    e_dead = np.isin(base.edge_rowids, delta.deleted_edges) if delta.deleted_edges.size else np.zeros(
+        e_old.src.size, bool)
+    if take is not None:
+        gone = ((e_old.src >= 0) & (remap[np.maximum(e_old.src, 0)] < 0)) | (
+            (e_old.dst >= 0) & (remap[np.maximum(e_old.dst, 0)] < 0))
+        e_dead |= gone
+    e_at = _positions(base.edge_rowids, delta.edge_rowids)
+    e_ok = e_at >= 0
+    e_ok[e_ok] = ~e_dead[e_at[e_ok]]
+    e_take = np.flatnonzero(~e_dead)
+    e_remap = np.full(e_old.src.size, -1, np.int64)
+    e_remap[e_take] = np.arange(e_take.size, dtype=np.int64)
+    position = _positions(rids, np.concatenate([delta.edge_src_rid, delta.edge_dst_rid]))
+    d_src, d_dst = np.split(position, 2) if position.size else (position, position)
+    e_upd = np.flatnonzero(e_ok)
+    e_add = np.flatnonzero(~e_ok)
+    e_pos = e_remap[e_at[e_upd]]
+
+    def edge_col(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+        out = np.concatenate([old[e_take], new[e_add]])
+        out[e_pos] = new[e_upd]
+        return out
+
+    old_src = np.where(e_old.src >= 0, remap[np.maximum(e_old.src, 0)], -1)
+    old_dst = np.where(e_old.dst >= 0, remap[np.maximum(e_old.dst, 0)], -1)
+    added_ids = [delta.edge_ids[k] for k in e_add.tolist()]
+    added_rel = tuple(delta.edge_relation[k] for k in e_add.tolist())
+    edge_ids: Sequence[str]
+    if e_take.size == e_old.src.size and not e_upd.size and isinstance(e_old.edge_ids, JoinedStrings):
+        # Only appended edges (a new message): the kept ids and relations are shared, not copied one by one.
+        edge_ids = e_old.edge_ids.extended(added_ids)
+        relation = tuple(e_old.relation) + added_rel
+    else:
+        e_ids = list(e_old.edge_ids) if e_take.size == e_old.src.size else [
+            e_old.edge_ids[i] for i in e_take.tolist()]
+        e_rel = list(e_old.relation) if e_take.size == e_old.src.size else [
+            e_old.relation[i] for i in e_take.tolist()]
+        for k, p in zip(e_upd.tolist(), e_pos.tolist(), strict=True):
+            e_ids[p] = delta.edge_ids[k]
+            e_rel[p] = delta.edge_relation[k]
+        edge_ids = JoinedStrings.of([*e_ids, *added_ids])
+        relation = (*e_rel, *added_rel)
+    edges = EdgeColumns(
+        edge_ids=edge_ids,
+        src=edge_col(old_src, d_src),
+        dst=edge_col(old_dst, d_dst),
+        relation=relation,
+        strength=edge_col(e_old.strength, delta.edge_strength),
+        edge_type=edge_col(e_old.edge_type, delta.edge_type),
+        invalid_at=edge_col(e_old.invalid_at, delta.edge_invalid_at),
+        expired_at=edge_col(e_old.expired_at, delta.edge_expired_at),
+    )
+    edge_rowids = edge_col(base.edge_rowids, delta.edge_rowids)
+
+    # Vectors: kept rows keep their normalised values; deleted ones become zero; the delta's are normalised here.
+    # The matrix has the stored dimension (as a fresh read: none when the model has no vector row left).
+    dim = delta.vector_dim
+    if dim and snap.dim and dim != snap.dim:
+        return None
+    if snap.dim and dim:  # one pass: the kept rows and zero rows for the new nodes
+        emb = np.concatenate([snap.embeddings if take is None else snap.embeddings[take],
+                              np.zeros((n - kept_n, dim), np.float32)])
+        has_vec = np.concatenate([snap.has_vector if take is None else snap.has_vector[take],
+                                  np.zeros(n - kept_n, bool)])
+    else:
+        emb = np.zeros((n, dim), np.float32)
+        has_vec = np.zeros(n, bool)
+    pos = np.arange(n)
+    if delta.deleted_vectors.size:
+        gone_v = pos[np.isin(rids, delta.deleted_vectors)]
+        emb[gone_v] = 0.0
+        has_vec[gone_v] = False
+    if delta.vector_rids.size and dim:
+        v_at = _positions(rids, delta.vector_rids)
+        ok = v_at >= 0
+        block = np.ascontiguousarray(delta.vectors[ok], dtype=np.float32)
+        good = _normalise_rows(block)
+        emb[v_at[ok]] = block
+        has_vec[v_at[ok]] = good
+
+    if delta.state is not None:
+        knowledge, regions, timeline, summaries, history, journal = delta.state
+    else:
+        knowledge, regions, timeline, summaries, history = (
+            snap.knowledge_state, snap.regions, snap.timeline, snap.summaries, snap.history)
+        journal = list(snap.journal)
+    source = SnapshotSource(
+        chat_id=snap.chat_id, version=delta.version, node_ids=ids_list,
+        node_index=NodeIndexTable(cols), node_json=node_json, edges=[], model_id=snap.model_id,
+        embedding_ids=[], embeddings=emb, knowledge=knowledge, regions=regions, timeline=timeline,
+        summaries=summaries, history=history, journal=journal, edge_columns=edges,
+        node_rids=rids, edge_rowids=edge_rowids, embeddings_normalised=has_vec,
+    )
+    new = _build_snapshot(source, now_ms=now_ms)
+    assert new.structure.source is not None
+    change = StructureChange(
+        n_old=n_old, n_new=n, remap=remap, rewritten=np.array(sorted(pos_list), dtype=np.int64), appended=kept_n,
+        state_changed=delta.state is not None,
+        edges_changed=bool(delta.edge_rowids.size or delta.deleted_edges.size or now_ms >= snap.valid_until_ms),
+    )
+    snap.structure.release_parent()  # its caches were updated from the parent's already, or never will be
+    new = dataclasses.replace(
+        new, structure=SnapshotStructure(delta.version, new.structure.source, parent=snap.structure, change=change)
+    )
+    # Reinforcement stats of kept nodes the delta did not rewrite stay in the overlay (their JSON predates them).
+    rewritten = set(pos_list)
+    reinforced = {
+        int(remap[i]): v for i, v in snap.stats.reinforced.items() if remap[i] >= 0 and int(remap[i]) not in rewritten
+    }
+    if reinforced:
+        new = dataclasses.replace(new, stats=NodeStats(new.stats.importance, reinforced))
+    # Parsed nodes of the kept rows the delta did not rewrite are the same nodes (with the same overlay): the
+    # first recall after a write then parses only the new and changed candidates.
+    with snap._lock:
+        parsed = list(snap._nodes.items())
+    for i, node in parsed:
+        j = int(remap[i])
+        if j >= 0 and j not in rewritten:
+            new._nodes[j] = node
+    return new
+
+
 class SnapshotCache:
-    """Keeps the latest snapshot per (chat, model) and rebuilds it only when it went stale."""
-
-    #: Called as ``hook(old, new)`` when :meth:`apply_reinforcement` replaces ``old`` by ``new``, before ``new`` is
-    #: published: per-snapshot caches kept elsewhere (the pipeline's, weakly keyed by the snapshot object) hand
-    #: ``new`` what does not depend on access reinforcement. Registered by those modules when imported (the store
-    #: does not import the pipeline); shared by every cache instance.
-    _carry_hooks: ClassVar[list[Callable[[GraphSnapshot, GraphSnapshot], None]]] = []
-
-    @classmethod
-    def register_reinforcement_carry(cls, hook: Callable[[GraphSnapshot, GraphSnapshot], None]) -> None:
-        """Add ``hook`` to the carry hooks (see :attr:`_carry_hooks`); registering the same hook twice is a no-op."""
-        if hook not in cls._carry_hooks:
-            cls._carry_hooks.append(hook)
+    """Keeps the latest snapshot per (chat, model); a write updates it from the store's delta
+    (:meth:`StoreReader.snapshot_delta`, :func:`apply_delta`) instead of a rebuild."""
 
     def __init__(self) -> None:
         self._items: dict[tuple[str, str], GraphSnapshot] = {}
         self._lock = threading.Lock()
+        #: How the last ``get`` per chat got its snapshot: "cached", "delta", "stats" or "rebuild" (figures, tests).
+        self.last_update: dict[str, str] = {}
 
     def get(self, store: Any, chat_id: str, model_id: str, *, now_ms: int) -> GraphSnapshot:
-        """The cached snapshot if its version and edge horizon are current, else a freshly built one."""
+        """The cached snapshot if its version and edge horizon are current, else the cached one updated by the
+        store's delta since its version, else a freshly built one."""
         key = (chat_id, model_id)
         version = store.chat_version(chat_id)
         with self._lock:
             snap = self._items.get(key)
         if snap is not None and snap.version == version and now_ms < snap.valid_until_ms:
+            self.last_update[chat_id] = "cached"
             return snap
-        snap = load_snapshot(store, chat_id, model_id, now_ms=now_ms)
+        new: GraphSnapshot | None = None
+        read_delta = getattr(store, "snapshot_delta", None)
+        if snap is not None and read_delta is not None and snap.structure.source is not None:
+            delta = read_delta(chat_id, model_id, snap.version)
+            if delta is not None:
+                new = apply_delta(snap, delta, now_ms=now_ms)
+        if new is not None:
+            self.last_update[chat_id] = "stats" if new.structure is snap.structure else "delta"  # type: ignore[union-attr]
+        else:
+            new = load_snapshot(store, chat_id, model_id, now_ms=now_ms)
+            self.last_update[chat_id] = "rebuild"
         with self._lock:
-            self._items[key] = snap
-        return snap
+            current = self._items.get(key)
+            # A concurrent get may have stored a newer snapshot meanwhile: keep the newest.
+            if current is None or current.version <= new.version:
+                self._items[key] = new
+        return new
 
     def apply_reinforcement(
         self,
@@ -1186,14 +1685,12 @@ class SnapshotCache:
     ) -> bool:
         """Carry the cached snapshot over a write that only access-reinforced ``node_ids`` (and wrote records).
 
-        The controller's recall transaction bumps the chat version; rebuilding the whole snapshot for that would
-        cost a full rebuild per recall. When the cached snapshot was built at exactly ``base_version`` (the
-        version before the write), a copy with the reinforced ``importance`` (``min(10, importance + step)``),
-        the nodes' JSON updated as :meth:`StoreWriter.reinforce` writes it (``access_count + 1``,
-        ``last_access_time = now_ms``), their parsed-node cache entries dropped and ``version = new_version``
-        replaces it; it equals a rebuild at ``new_version``. The carry hooks (:meth:`register_reinforcement_carry`)
-        then hand it the derived per-snapshot values that do not depend on reinforcement. Otherwise nothing changes
-        (the next ``get`` rebuilds). Returns whether the cached snapshot was carried over.
+        When the cached snapshot was built at exactly ``base_version`` (the version before the write), it is
+        replaced by one with the same structure and a new statistics overlay: the reinforced nodes'
+        ``importance = min(10, importance + step)``, ``access_count + 1`` and ``last_access_time = now_ms``, as
+        :meth:`StoreWriter.reinforce` writes them, and ``version = new_version``; it equals a rebuild at
+        ``new_version``, and every structure-keyed cache stays valid. Otherwise nothing changes (the next ``get``
+        reads the delta). Returns whether the cached snapshot was carried over.
         """
         key = (chat_id, model_id)
         with self._lock:
@@ -1202,37 +1699,19 @@ class SnapshotCache:
                 return False
             idx = sorted({snap.index[i] for i in node_ids if i in snap.index})
             importance = snap.importance.copy()
-            texts = snap._node_json
-            updates: dict[int, str] = {}
+            reinforced = dict(snap.stats.reinforced)
             for i in idx:
-                node = Node.model_validate_json(texts[i])
-                node = node.model_copy(
-                    update={
-                        "access_count": node.access_count + 1,
-                        "importance": min(10.0, node.importance + importance_step),
-                        "last_access_time": now_ms,
-                    }
-                )
-                updates[i] = node.model_dump_json()
-                importance[i] = float(node.importance)
-            if isinstance(texts, PackedTexts):
-                node_json: Sequence[str] = texts.replaced(updates)
-            else:
-                node_json = tuple(updates.get(i, t) for i, t in enumerate(texts))
+                node = snap.node(i)
+                value = min(10.0, node.importance + importance_step)
+                reinforced[i] = (node.access_count + 1, value, now_ms)
+                importance[i] = value
             stale = set(idx)
             with snap._lock:
                 parsed = {i: n for i, n in snap._nodes.items() if i not in stale}
-            carried = dataclasses.replace(
-                snap,
-                version=new_version,
-                importance=importance,
-                _node_json=node_json,
-                _nodes=parsed,
+            self._items[key] = dataclasses.replace(
+                snap, version=new_version, stats=NodeStats(importance, reinforced), _nodes=parsed,
                 _lock=threading.Lock(),
             )
-            for hook in self._carry_hooks:
-                hook(snap, carried)
-            self._items[key] = carried
             return True
 
     def invalidate(self, chat_id: str | None = None) -> None:

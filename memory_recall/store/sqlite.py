@@ -54,6 +54,7 @@ import sys
 import threading
 import time
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -95,6 +96,7 @@ from memory_recall.store.snapshot import (
     NodeIndex,
     NodeIndexTable,
     PackedTexts,
+    SnapshotDelta,
     SnapshotSource,
     compress_text,
     gc_paused,
@@ -413,8 +415,33 @@ def _migrate_v4(conn: sqlite3.Connection) -> None:
         )
 
 
+def _migrate_v5(conn: sqlite3.Connection) -> None:
+    """Change tracking for incremental snapshot updates (:meth:`StoreReader.snapshot_delta`): ``cv``, the version
+    that last wrote the row, on nodes, edges and embeddings (0 for the rows of older stores: no cached snapshot
+    predates the migration), ``chats.state_cv`` for the chat state (knowledge, regions, timeline, summaries,
+    history, journal), and ``deletions``, one row per deleted node, edge or vector (and a ``rebuild`` mark for the
+    writes a delta does not describe: reordering, dropping every vector of a model)."""
+    for table in ("nodes", "edges", "embeddings"):
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN cv INTEGER NOT NULL DEFAULT 0")
+        conn.execute(f"CREATE INDEX {table}_by_cv ON {table}(chat_id, cv)")
+    conn.execute("ALTER TABLE chats ADD COLUMN state_cv INTEGER NOT NULL DEFAULT 0")
+    conn.execute(
+        """CREATE TABLE deletions (
+            chat_id TEXT NOT NULL REFERENCES chats(chat_id) ON DELETE CASCADE,
+            version INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            rid INTEGER NOT NULL,
+            model_id TEXT NOT NULL DEFAULT '')"""
+    )
+    conn.execute("CREATE INDEX deletions_by_version ON deletions(chat_id, version)")
+    # Every message event reads the chat's character and entity nodes (names to match): by type, not a scan.
+    conn.execute("CREATE INDEX nodes_by_type ON nodes(chat_id, type, ord)")
+
+
 #: Ordered schema migrations: ``MIGRATIONS[i]`` upgrades ``user_version`` i to i + 1, inside one transaction.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4, _migrate_v5,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -456,6 +483,38 @@ def _load(cls: type[T], text: str, what: str) -> T:
         return cls.model_validate_json(text)
     except ValidationError as exc:
         raise StoreError(f"corrupt {what} in the store: {first_validation_error(exc)}") from exc
+
+
+class _NodeParseMemo:
+    """Parsed nodes by their exact stored JSON, least recently used evicted past ``limit``.
+
+    Every message event reads all of the chat's character and entity nodes (the names a message may mention);
+    parsing them is most of the event's cost (1,200 nodes: ~40 ms at 10k), and between two events almost none
+    of them changes. The key is the whole JSON text, so a hit is the node the text parses to (nodes are frozen
+    models and nothing mutates them), whatever store, chat or version it came from.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._items: OrderedDict[str, Node] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def load(self, text: str) -> Node:
+        with self._lock:
+            node = self._items.get(text)
+            if node is not None:
+                self._items.move_to_end(text)
+                return node
+        node = _load(Node, text, "node")
+        with self._lock:
+            self._items[text] = node
+            if len(self._items) > self._limit:
+                self._items.popitem(last=False)
+        return node
+
+
+#: Process-wide: the character and entity nodes of the chats being written (a 100k-node chat has ~12,000).
+_PARSED_NODES = _NodeParseMemo(16_384)
 
 
 def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
@@ -717,7 +776,7 @@ class StoreReader:
             f"SELECT json FROM nodes WHERE chat_id = ? AND type IN ({_marks(len(wanted))}) ORDER BY ord, rid",
             (chat_id, *wanted),
         ).fetchall()
-        return [_load(Node, r[0], "node") for r in rows]
+        return [_PARSED_NODES.load(r[0]) for r in rows]
 
     def message_chain(self, chat_id: str) -> list[tuple[int, str, str | None, str | None]]:
         """``(seq, node_id, prev_id, next_id)`` of every active (not archived) ``message`` node, sorted by
@@ -893,8 +952,7 @@ class StoreReader:
         version = self.chat_version(chat_id)
         with gc_paused():  # the decode of a large chat creates millions of objects (see gc_paused)
             node_ids, rids, index_rows, node_json, matrix = self._snapshot_nodes(chat_id, model_id)
-            edge_columns = self._snapshot_edges(chat_id, rids)
-            del rids
+            edge_columns, edge_rowids = self._snapshot_edges(chat_id, rids)
         return SnapshotSource(
             chat_id=chat_id,
             version=version,
@@ -913,6 +971,98 @@ class StoreReader:
             journal=self.get_journal(chat_id),
             edge_columns=edge_columns,
             embeddings_aligned=bool(matrix.size),
+            node_rids=rids,
+            edge_rowids=edge_rowids,
+        )
+
+    def snapshot_delta(self, chat_id: str, model_id: str, since: int) -> SnapshotDelta | None:
+        """What changed in the chat after version ``since`` (a snapshot built at ``since`` plus this delta is the
+        snapshot of the current version: :func:`~memory_recall.store.snapshot.apply_delta`), read in this one
+        transaction: the node rows, edge rows and ``model_id`` vectors written after ``since`` (``cv > since``,
+        through their indexes: time proportional to what changed), the tombstones of what was deleted, and the
+        chat state when it was written. ``None`` when no delta describes the change (a ``rebuild`` mark after
+        ``since``, or the chat is gone): the caller rebuilds from :meth:`snapshot_source`.
+        Malformed packed columns → ``StoreError``."""
+        chat_id = validate_chat_id(chat_id)
+        model_id = _model_id(model_id) if model_id else ""
+        conn = self._conn
+        row = conn.execute("SELECT version, state_cv FROM chats WHERE chat_id = ?", (chat_id,)).fetchone()
+        if row is None:
+            return None
+        version, state_cv = int(row[0]), int(row[1])
+        tombs = conn.execute(
+            "SELECT kind, rid, model_id FROM deletions WHERE chat_id = ? AND version > ?", (chat_id, since)
+        ).fetchall()
+        if any(kind == "rebuild" for kind, _, _ in tombs):
+            return None
+        nodes = conn.execute(
+            "SELECT rid, ord, node_id, ixb, ixs, jz FROM nodes WHERE chat_id = ? AND cv > ? ORDER BY ord, rid",
+            (chat_id, since),
+        ).fetchall()
+        edges = conn.execute(
+            "SELECT rowid, ord, edge_id, relation, eb FROM edges WHERE chat_id = ? AND cv > ? ORDER BY ord, rowid",
+            (chat_id, since),
+        ).fetchall()
+        vectors = conn.execute(
+            "SELECT n.rid, e.dim, e.vector FROM embeddings e JOIN nodes n ON n.chat_id = e.chat_id AND "
+            "n.node_id = e.node_id WHERE e.chat_id = ? AND e.model_id = ? AND e.cv > ?",
+            (chat_id, model_id, since),
+        ).fetchall() if model_id else []
+        try:
+            table = NodeIndexTable.from_packed([r[3] for r in nodes], [r[4] for r in nodes])
+        except ValueError as exc:
+            raise StoreError(f"corrupt node index in the store: {exc}") from exc
+        if any(blob[:1] != b"\x01" for *_, blob in nodes):
+            raise StoreError("corrupt nodes in the store: a compressed node JSON has an unknown format")
+        if any(len(r[4]) != PACKED_EDGE.size for r in edges):
+            raise StoreError("corrupt edges in the store: packed edge columns of the wrong size")
+        rec = np.frombuffer(b"".join(r[4] for r in edges), PACKED_EDGE_DTYPE)
+        first = conn.execute(
+            "SELECT dim FROM embeddings WHERE chat_id = ? AND model_id = ? LIMIT 1", (chat_id, model_id)
+        ).fetchone() if model_id else None
+        dims = {int(d) for _, d, _ in vectors}
+        if len(dims) > 1 or any(len(v) != 4 * d for _, d, v in vectors):
+            raise StoreError(f"corrupt embeddings of {model_id!r} in the store: vector sizes differ")
+        dim = dims.pop() if dims else 0
+        matrix = (
+            np.frombuffer(b"".join(v for *_, v in vectors), "<f4").reshape(-1, dim).astype(np.float32)
+            if vectors else np.zeros((0, 0), np.float32)
+        )
+        state = None
+        if state_cv > since:
+            state = (
+                self.get_knowledge(chat_id), self.get_regions(chat_id), self.get_timeline(chat_id),
+                self.get_summaries(chat_id), self.get_history(chat_id), self.get_journal(chat_id),
+            )
+
+        def rids_of(kind: str, models: tuple[str, ...] = ("",)) -> np.ndarray:
+            return np.array(sorted({r for k, r, m in tombs if k == kind and m in models}), dtype=np.int64)
+
+        return SnapshotDelta(
+            chat_id=chat_id,
+            since=since,
+            version=version,
+            model_id=model_id,
+            node_rids=np.array([r[0] for r in nodes], dtype=np.int64),
+            node_ids=[r[2] for r in nodes],
+            node_index=table,
+            node_blobs=[r[5] for r in nodes],
+            deleted_nodes=rids_of("node"),
+            edge_rowids=np.array([r[0] for r in edges], dtype=np.int64),
+            edge_ids=[r[2] for r in edges],
+            edge_relation=[sys.intern(r[3]) for r in edges],
+            edge_src_rid=rec["src"].copy(),
+            edge_dst_rid=rec["dst"].copy(),
+            edge_strength=rec["strength"].copy(),
+            edge_type=rec["edge_type"].copy(),
+            edge_invalid_at=rec["invalid_at"].copy(),
+            edge_expired_at=rec["expired_at"].copy(),
+            deleted_edges=rids_of("edge"),
+            vector_rids=np.array([r[0] for r in vectors], dtype=np.int64),
+            vectors=matrix,
+            deleted_vectors=rids_of("embedding", ("", model_id)),
+            vector_dim=int(first[0]) if first is not None else 0,
+            state=state,
         )
 
     def _snapshot_nodes(
@@ -991,9 +1141,9 @@ class StoreReader:
             matrix[at[keep]] = vectors if keep.all() else vectors[keep]
         return matrix
 
-    def _snapshot_edges(self, chat_id: str, rids: np.ndarray) -> EdgeColumns:
+    def _snapshot_edges(self, chat_id: str, rids: np.ndarray) -> tuple[EdgeColumns, np.ndarray]:
         """The chat's edges in edge-list order as columns, endpoints as positions in node order (``rids`` holds
-        the node rowids in that order; −1 for an end that is not a node of the chat)."""
+        the node rowids in that order; −1 for an end that is not a node of the chat), and their rowids."""
         # One row of concatenations, as for the nodes (edge ids hold no control characters; a relation word that
         # holds the separator is caught by the count check).
         row = self._conn.execute(
@@ -1004,9 +1154,10 @@ class StoreReader:
         ).fetchone()
         m = int(row[0])
         if not m:
-            return EdgeColumns.empty()
+            return EdgeColumns.empty(), np.zeros(0, np.int64)
         rowid_text, ord_text, id_text, relation_text, packed = row[1:]
-        if not _lex_sorted(_int_list(ord_text, m, "edge order"), _int_list(rowid_text, m, "edge rowids")):
+        edge_rowids = _int_list(rowid_text, m, "edge rowids")
+        if not _lex_sorted(_int_list(ord_text, m, "edge order"), edge_rowids):
             raise StoreError("corrupt edges in the store: the edge rows came out of order")
         try:
             edge_ids = JoinedStrings.split(id_text, "\x1f", m)  # compact: ~10 bytes per id, no str objects
@@ -1027,7 +1178,7 @@ class StoreReader:
         return EdgeColumns(
             edge_ids, position(rec["src"]), position(rec["dst"]), relation,
             rec["strength"].copy(), rec["edge_type"].copy(), rec["invalid_at"].copy(), rec["expired_at"].copy(),
-        )
+        ), edge_rowids
 
     def embedding_hashes(self, chat_id: str, model_id: str) -> dict[str, str]:
         """node id → text hash of its stored ``model_id`` vector (``""`` when stored without one)."""
@@ -1175,18 +1326,34 @@ def _bm25_read_index(conn: sqlite3.Connection, chat_id: str, stem: str = "none")
     return Bm25Index.build(ids, primary, secondary, body, stem=stem)
 
 
+def _bm25_read_rows(conn: sqlite3.Connection, chat_id: str, ids: Iterable[str]) -> dict[str, tuple[str, str, str]]:
+    """node id → its three FTS term columns, for those of ``ids`` that are indexed (non-archived nodes of the
+    chat), read on ``conn``: the delta a cached BM25 index needs (:meth:`Bm25Cache.get`), by primary key."""
+    found: dict[str, tuple[str, str, str]] = {}
+    for part in _chunks(sorted(ids)):
+        for node_id, primary, secondary, body in conn.execute(
+            "SELECT n.node_id, f.c0, f.c1, f.c2 FROM nodes AS n JOIN nodes_fts_content AS f ON f.id = n.rid "
+            f"WHERE n.chat_id = ? AND n.node_id IN ({_marks(len(part))})",
+            (chat_id, *part),
+        ):
+            found[node_id] = (primary, secondary, body)
+    return found
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Writes
 # ------------------------------------------------------------------------------------------------------------
 
 _UPSERT_NODE = (
-    "INSERT INTO nodes(chat_id, node_id, ord, type, archived, seq_end, json, idx, ixb, ixs, jz) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "INSERT INTO nodes(chat_id, node_id, ord, type, archived, seq_end, json, idx, ixb, ixs, jz, cv) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(chat_id, node_id) DO UPDATE SET "
     "type = excluded.type, archived = excluded.archived, seq_end = excluded.seq_end, json = excluded.json, "
-    "idx = excluded.idx, ixb = excluded.ixb, ixs = excluded.ixs, jz = excluded.jz"
+    "idx = excluded.idx, ixb = excluded.ixb, ixs = excluded.ixs, jz = excluded.jz, cv = excluded.cv"
 )
 _UPSERT_NODE_REORDER = _UPSERT_NODE + ", ord = excluded.ord"
+# Every write of nodes_fts adds its node ids to StoreWriter._fts_touched: the chat's cached BM25 index is brought
+# to the batch's version from exactly those rows (Bm25Cache.advance), so a write missing there would be served stale.
 _DELETE_FTS = "DELETE FROM nodes_fts WHERE rowid = (SELECT rid FROM nodes WHERE chat_id = ? AND node_id = ?)"
 _INSERT_FTS = (
     "INSERT INTO nodes_fts(rowid, primary_terms, secondary_terms, body_terms, chat_id, node_id) "
@@ -1194,12 +1361,14 @@ _INSERT_FTS = (
 )
 _UPSERT_EDGE = (
     "INSERT INTO edges(chat_id, edge_id, from_id, to_id, ord, json, relation, strength, edge_type, invalid_at, "
-    "expired_at, eb) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "expired_at, eb, cv) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(chat_id, edge_id) DO UPDATE SET "
     "from_id = excluded.from_id, to_id = excluded.to_id, json = excluded.json, relation = excluded.relation, "
     "strength = excluded.strength, edge_type = excluded.edge_type, invalid_at = excluded.invalid_at, "
-    "expired_at = excluded.expired_at, eb = excluded.eb"
+    "expired_at = excluded.expired_at, eb = excluded.eb, cv = excluded.cv"
 )
+#: Tombstones of a write batch (:meth:`StoreReader.snapshot_delta`): ``(chat_id, version, kind, rid, model_id)``.
+_RECORD_DELETION = "INSERT INTO deletions(chat_id, version, kind, rid, model_id) VALUES (?, ?, ?, ?, ?)"
 
 
 class StoreWriter(StoreReader):
@@ -1222,6 +1391,9 @@ class StoreWriter(StoreReader):
         clock = _get_meta(conn, "version_clock") or 0
         current = conn.execute("SELECT version FROM chats WHERE chat_id = ?", (chat_id,)).fetchone()[0]
         self._version = max(int(clock), int(current)) + 1
+        #: The chat's version when the batch began, and the node ids whose FTS rows the batch wrote or deleted.
+        self._base_version = int(current)
+        self._fts_touched: set[str] = set()
 
     @property
     def version(self) -> int:
@@ -1284,11 +1456,14 @@ class StoreWriter(StoreReader):
             ix = node_index(node)
             rows.append(
                 (chat, node.id, base + k, node.type, int(node.archived), seq_end, text, ix.to_json(),
-                 ix.to_packed(), ix.strings_json(), compress_text(text))
+                 ix.to_packed(), ix.strings_json(), compress_text(text), self._version)
             )
             if not node.archived:
                 fts.append((chat, node.id, *fts_columns(node)))
         ids = [(chat, node_id) for node_id in batch]
+        if reorder:  # node order changes: no delta describes it
+            self._record_rebuild()
+        self._fts_touched.update(batch)
         conn.executemany(_DELETE_FTS, ids)
         conn.executemany(_UPSERT_NODE_REORDER if reorder else _UPSERT_NODE, rows)
         conn.executemany(_INSERT_FTS, fts)
@@ -1301,7 +1476,15 @@ class StoreWriter(StoreReader):
         """
         conn = self._check_open()
         params = [(self.chat_id, node_id) for node_id in _id_list(ids, "ids")]
+        self._fts_touched.update(node_id for _, node_id in params)
         conn.executemany(_DELETE_FTS, params)
+        # The node tombstones; the edges and vectors the cascade deletes go with their node (a snapshot delta
+        # drops what touches a deleted node).
+        conn.executemany(
+            "INSERT INTO deletions(chat_id, version, kind, rid, model_id) "
+            "SELECT chat_id, ?, 'node', rid, '' FROM nodes WHERE chat_id = ? AND node_id = ?",
+            [(self._version, *p) for p in params],
+        )
         # Edges and embeddings go through ON DELETE CASCADE (rowcount counts the direct deletes only).
         cur = conn.executemany("DELETE FROM nodes WHERE chat_id = ? AND node_id = ?", params)
         return max(cur.rowcount, 0)
@@ -1340,7 +1523,8 @@ class StoreWriter(StoreReader):
                      node_id)
                 )
         conn.executemany(
-            "UPDATE nodes SET json = ?, idx = ?, ixb = ?, ixs = ?, jz = ? WHERE chat_id = ? AND node_id = ?", updates
+            "UPDATE nodes SET json = ?, idx = ?, ixb = ?, ixs = ?, jz = ?, cv = ? WHERE chat_id = ? AND node_id = ?",
+            [(*u[:5], self._version, *u[5:]) for u in updates],
         )
         return len(updates)
 
@@ -1374,7 +1558,7 @@ class StoreWriter(StoreReader):
                                 edge.invalid_at, edge.expired_at)
             rows.append(
                 (self.chat_id, edge.id, edge.from_id, edge.to_id, base + k, text, edge.relation, edge.strength,
-                 edge.edge_type, edge.invalid_at, edge.expired_at, packed)
+                 edge.edge_type, edge.invalid_at, edge.expired_at, packed, self._version)
             )
         conn.executemany(_UPSERT_EDGE, rows)
         return len(rows)
@@ -1383,6 +1567,11 @@ class StoreWriter(StoreReader):
         """Delete edges by id; unknown ids are ignored. Returns the count deleted."""
         conn = self._check_open()
         params = [(self.chat_id, edge_id) for edge_id in _id_list(ids, "ids")]
+        conn.executemany(
+            "INSERT INTO deletions(chat_id, version, kind, rid, model_id) "
+            "SELECT chat_id, ?, 'edge', rowid, '' FROM edges WHERE chat_id = ? AND edge_id = ?",
+            [(self._version, *p) for p in params],
+        )
         cur = conn.executemany("DELETE FROM edges WHERE chat_id = ? AND edge_id = ?", params)
         return max(cur.rowcount, 0)
 
@@ -1413,14 +1602,14 @@ class StoreWriter(StoreReader):
                 items.append((f"vectors[{i}]", node_id, item[1], text_hash))
         if not items:
             return 0
-        rows: list[tuple[str, str, str, int, str, bytes]] = []
+        rows: list[tuple[str, str, str, int, str, bytes, int]] = []
         dim = 0
         for field, node_id, vec, text_hash in items:
             arr = _vector(vec, field)
             if dim and arr.shape[0] != dim:
                 raise InputError(field, f"has dimension {arr.shape[0]}, but the first vector has {dim}")
             dim = arr.shape[0]
-            rows.append((self.chat_id, node_id, model_id, dim, text_hash, arr.tobytes()))
+            rows.append((self.chat_id, node_id, model_id, dim, text_hash, arr.tobytes(), self._version))
         stored = conn.execute(
             "SELECT dim FROM embeddings WHERE chat_id = ? AND model_id = ? LIMIT 1", (self.chat_id, model_id)
         ).fetchone()
@@ -1435,10 +1624,10 @@ class StoreWriter(StoreReader):
             if node_id not in present:
                 raise InputError(field, f"node {node_id!r} does not exist in chat {self.chat_id!r}")
         conn.executemany(
-            "INSERT INTO embeddings(chat_id, node_id, model_id, dim, text_hash, vector) "
-            "VALUES (?, ?, ?, ?, ?, ?) "
+            "INSERT INTO embeddings(chat_id, node_id, model_id, dim, text_hash, vector, cv) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(chat_id, node_id, model_id) DO UPDATE SET "
-            "dim = excluded.dim, text_hash = excluded.text_hash, vector = excluded.vector",
+            "dim = excluded.dim, text_hash = excluded.text_hash, vector = excluded.vector, cv = excluded.cv",
             rows,
         )
         return len(rows)
@@ -1448,9 +1637,17 @@ class StoreWriter(StoreReader):
         conn = self._check_open()
         model_id = _model_id(model_id)
         if node_ids is None:
+            self._record_rebuild()
             sql = "DELETE FROM embeddings WHERE chat_id = ? AND model_id = ?"
             return conn.execute(sql, (self.chat_id, model_id)).rowcount
         params = [(self.chat_id, node_id, model_id) for node_id in _id_list(node_ids, "node_ids")]
+        conn.executemany(
+            "INSERT INTO deletions(chat_id, version, kind, rid, model_id) "
+            "SELECT e.chat_id, ?, 'embedding', n.rid, e.model_id FROM embeddings e "
+            "JOIN nodes n ON n.chat_id = e.chat_id AND n.node_id = e.node_id "
+            "WHERE e.chat_id = ? AND e.node_id = ? AND e.model_id = ?",
+            [(self._version, *p) for p in params],
+        )
         sql = "DELETE FROM embeddings WHERE chat_id = ? AND node_id = ? AND model_id = ?"
         cur = conn.executemany(sql, params)
         return max(cur.rowcount, 0)
@@ -1472,8 +1669,15 @@ class StoreWriter(StoreReader):
             if new not in self._existing_nodes([new]):
                 raise InputError(f"moves[{i}][1]", f"node {new!r} does not exist in chat {self.chat_id!r}")
             conn.execute("DELETE FROM embeddings WHERE chat_id = ? AND node_id = ?", (self.chat_id, new))
+            # ``old`` loses its vectors (every model: model_id ''), ``new`` gets them (their cv).
+            conn.execute(
+                "INSERT INTO deletions(chat_id, version, kind, rid, model_id) "
+                "SELECT chat_id, ?, 'embedding', rid, '' FROM nodes WHERE chat_id = ? AND node_id = ?",
+                (self._version, self.chat_id, old),
+            )
             moved += conn.execute(
-                "UPDATE embeddings SET node_id = ? WHERE chat_id = ? AND node_id = ?", (new, self.chat_id, old)
+                "UPDATE embeddings SET node_id = ?, cv = ? WHERE chat_id = ? AND node_id = ?",
+                (new, self._version, self.chat_id, old),
             ).rowcount
         return moved
 
@@ -1487,8 +1691,21 @@ class StoreWriter(StoreReader):
         except ValidationError as exc:
             raise first_validation_error(exc, field) from None
 
+    def _state_changed(self) -> None:
+        """Mark the chat state (knowledge, regions, timeline, summaries, history, journal) as written by this
+        batch (``chats.state_cv``: a snapshot delta then reads it again)."""
+        self._check_open().execute(
+            "UPDATE chats SET state_cv = ? WHERE chat_id = ?", (self._version, self.chat_id)
+        )
+
+    def _record_rebuild(self) -> None:
+        """A write no snapshot delta describes (node reorder, every vector of a model dropped): snapshots older
+        than this batch are rebuilt from the store."""
+        self._check_open().execute(_RECORD_DELETION, (self.chat_id, self._version, "rebuild", 0, ""))
+
     def _put_state(self, kind: str, text: str) -> None:
         conn = self._check_open()
+        self._state_changed()
         conn.execute(
             "INSERT INTO chat_state(chat_id, kind, json) VALUES (?, ?, ?) "
             "ON CONFLICT(chat_id, kind) DO UPDATE SET json = excluded.json",
@@ -1503,6 +1720,7 @@ class StoreWriter(StoreReader):
         for i, (key, owner) in enumerate(state.owners.items()):
             text = _dumps(owner, f"knowledge.owners[{key!r}]")
             rows.append((self.chat_id, key, i, text))
+        self._state_changed()
         conn.execute("DELETE FROM knowledge_owners WHERE chat_id = ?", (self.chat_id,))
         sql = "INSERT INTO knowledge_owners(chat_id, owner_key, ord, json) VALUES (?, ?, ?, ?)"
         conn.executemany(sql, rows)
@@ -1527,7 +1745,7 @@ class StoreWriter(StoreReader):
         """Replace the chat's batch journal."""
         items = [self._validated(e, JournalEntry, f"journal[{i}]") for i, e in enumerate(entries)]
         parts = [_dumps(e, f"journal[{i}]") for i, e in enumerate(items)]
-        self._put_state("journal", "[" + ",".join(parts) + "]")
+        self._put_state("journal", "[" + ",".join(parts) + "]")  # marks the state changed
 
     # -- recall records ------------------------------------------------------------------------------------
 
@@ -1595,6 +1813,7 @@ class StoreWriter(StoreReader):
         keep = {n.id for n in graph.nodes}
         rows = conn.execute("SELECT node_id FROM nodes WHERE chat_id = ?", (self.chat_id,)).fetchall()
         existing = [r[0] for r in rows]
+        self._record_rebuild()  # every edge goes and node order changes
         conn.execute("DELETE FROM edges WHERE chat_id = ?", (self.chat_id,))
         self.delete_nodes([node_id for node_id in existing if node_id not in keep])
         self._upsert_nodes(graph.nodes, reorder=True)
@@ -1907,6 +2126,8 @@ class Store:
                 writer._commit_version()
             finally:
                 writer._open = False
+        # Committed: the chat's cached BM25 indexes follow it to the new version with the touched rows pending.
+        cache_for(self).advance(chat_id, writer._base_version, writer.version, writer._fts_touched)
 
     @contextmanager
     def read(self) -> Iterator[StoreReader]:
@@ -2080,6 +2301,11 @@ class Store:
         with self.read() as r:
             return r.snapshot_source(chat_id, model_id)
 
+    def snapshot_delta(self, chat_id: str, model_id: str, since: int) -> SnapshotDelta | None:
+        """See :meth:`StoreReader.snapshot_delta` (read in one snapshot)."""
+        with self.read() as r:
+            return r.snapshot_delta(chat_id, model_id, since)
+
     def embedding_hashes(self, chat_id: str, model_id: str) -> dict[str, str]:
         """See :meth:`StoreReader.embedding_hashes`."""
         with self.read() as r:
@@ -2103,8 +2329,9 @@ class Store:
     def bm25(
         self, chat_id: str, terms: Sequence[str], limit: int = 50, *, stem: str = "none"
     ) -> list[tuple[str, float]]:
-        """See :meth:`StoreReader.bm25`; the chat's index is built once per chat version (and stem method) and
-        cached."""
+        """See :meth:`StoreReader.bm25`; the chat's index is cached per chat (and stem method). After a write it is
+        brought to the new version from the rows that write touched (:meth:`Bm25Cache.advance` on commit, the
+        rows read here by node id: cost proportional to the change); it is built from every row only on a miss."""
         chat_id, term_list, limit = _bm25_args(chat_id, terms, limit)
         stem = _bm25_stem(stem)
         if not term_list:
@@ -2114,21 +2341,12 @@ class Store:
             # is read directly: chat_version() would validate the (already validated) chat id a second time.
             row = r._conn.execute("SELECT version FROM chats WHERE chat_id = ?", (chat_id,)).fetchone()
             version = 0 if row is None else int(row[0])
-            index = cache_for(self).get(chat_id, version, lambda: _bm25_read_index(r._conn, chat_id, stem), stem)
+            conn = r._conn
+            index = cache_for(self).get(
+                chat_id, version, lambda: _bm25_read_index(conn, chat_id, stem), stem,
+                changed=lambda ids: _bm25_read_rows(conn, chat_id, ids),
+            )
         return index.query(term_list, limit)
-
-    def carry_bm25(self, chat_id: str, base_version: int, new_version: int) -> int:
-        """Declare that the committed write taking ``chat_id`` from ``base_version`` to ``new_version`` changed no
-        indexed text and no node's archived state (only :meth:`StoreWriter.reinforce` and records, whose writes
-        leave ``nodes_fts`` and ``archived`` alone): the chat's BM25 index cached at ``base_version`` then serves
-        ``new_version`` as is instead of being rebuilt. Returns how many indexes (stem methods) were carried.
-
-        Version contract: ``base_version`` must be the chat's version read inside that write batch
-        (:meth:`StoreWriter.chat_version`) and ``new_version`` the batch's :attr:`StoreWriter.version`, so that no
-        other write lies between them; an index cached at any other version is untouched. Calling it for a write
-        that did change indexed text would serve that write's old rows: never do.
-        """
-        return cache_for(self).carry(validate_chat_id(chat_id), base_version, new_version)
 
     # -- one-shot writes (each its own transaction and version bump) ---------------------------------------
 

@@ -1,5 +1,5 @@
 """Recalls through the controller with persist + access reinforcement keep what reinforcement does not change:
-the snapshot's derived caches (allow-listed keys) and the chat's BM25 index. Outputs on the carried state are
+the snapshot's structure with every cache keyed on it, and the chat's BM25 index. Outputs on the carried state are
 byte-identical to the same recall on a fresh store handle, snapshot and caches at the same store version."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from memory_recall.controller import RecallController, RecallRequest, RecallResp
 from memory_recall.model.chat import ChatMessage
 from memory_recall.model.graph import Node
 from memory_recall.pipeline import _admission, _graph_cache, owners, result, scoring
-from memory_recall.pipeline._graph_cache import REINFORCEMENT_DERIVED, REINFORCEMENT_SAFE_KEYS
 from memory_recall.pipeline.cooccurrence import cooccurrence_index
 from memory_recall.pipeline.result import RecallResult, json_dumps
 from memory_recall.pipeline.retrieve import retrieve
@@ -97,6 +96,12 @@ def _response_json(resp: RecallResponse) -> str:
 
 
 def _entries(snap: GraphSnapshot) -> dict[Hashable, Any]:
+    """The snapshot's cache entries: those of its structure and its own (statistics-keyed) ones."""
+    with _graph_cache._LOCK:
+        return {**_graph_cache._CACHE.get(snap.structure, {}), **_graph_cache._CACHE.get(snap, {})}
+
+
+def _stats_entries(snap: GraphSnapshot) -> dict[Hashable, Any]:
     with _graph_cache._LOCK:
         return dict(_graph_cache._CACHE.get(snap, {}))
 
@@ -105,35 +110,23 @@ def _no_build() -> Bm25Index:
     raise AssertionError("the BM25 index was expected to be cached")
 
 
-def _assert_memo_carried(old: owners._SnapshotMemo, new: owners._SnapshotMemo) -> None:
-    """The owner stage's memo: a new object sharing every per-node table but the importance-ordered walk lists."""
-    assert new is not old
-    for name in ("pov_owner", "pov_base", "participant_text", "story_label", "types", "archived", "events"):
-        assert getattr(new, name) is getattr(old, name), name
+def _assert_memo_shared(old: owners._SnapshotMemo, new: owners._SnapshotMemo) -> None:
+    """The owner stage's memo is the structure's: the same object, holding only the walk lists that do not read
+    importance (the others are per snapshot)."""
+    assert new is old
     assert old.pov_owner and old.participant_text and old.story_label and old.events is not None
-    kinds = {kind for kind, _ in old.walk}
-    assert {"event", "near", "pov"} <= kinds  # the recall walked all of these
-    assert new.walk == {k: v for k, v in old.walk.items() if k[0] in ("event", "near")}
-    assert all(new.walk[k] is old.walk[k] for k in new.walk)
-    assert new.scenes is not old.scenes and list(new.scenes) == list(old.scenes) and old.scenes
-    assert all(new.scenes[k] is old.scenes[k] for k in old.scenes)
+    assert {kind for kind, _ in old.walk} == {"event", "near"}  # the recall walked these; "pov" is per overlay
+    assert old.scenes
 
 
-def _assert_kept_carried(old: result._Kept, new: result._Kept) -> None:
-    """The result builder's memo: omitted-node models and temporal priorities shared, node dumps not carried."""
-    assert new is not old and old.nodes and new.nodes == {}
-    assert new.omitted is old.omitted and new.priority is old.priority and old.priority
-
-
-def _assert_weak_tables_carried(old: GraphSnapshot, new: GraphSnapshot) -> None:
-    """The admission verdicts, scoring scene codes and owner participant memo: new containers, same values."""
+def _assert_weak_tables_shared(old: GraphSnapshot, new: GraphSnapshot) -> None:
+    """The admission verdicts, scoring scene codes and owner participant memo: keyed by the (shared) structure."""
     tables = ((_admission._VERDICTS, _admission._VERDICTS_LOCK), (scoring._SCENES, scoring._SCENES_LOCK),
               (owners._PARTICIPANTS, owners._PARTICIPANTS_LOCK))
+    assert new.structure is old.structure
     for table, lock in tables:
         with lock:
-            source, target = table[old], table[new]
-            assert source and target is not source and list(target) == list(source)
-            assert all(target[key] is source[key] for key in source)
+            assert table[old.structure]
 
 
 def _assert_entries_equal_fresh_builds(carried: GraphSnapshot, fresh: GraphSnapshot) -> None:
@@ -148,7 +141,8 @@ def _assert_entries_equal_fresh_builds(carried: GraphSnapshot, fresh: GraphSnaps
     assert all(owners._participant_text(fresh, i) == v for i, v in memo.participant_text.items())
     assert memo.types == fresh.type_code.tolist() and memo.archived == fresh.archived.tolist()
     kept = entries[("result-kept",)]
-    assert kept.nodes and all(result._node_entry(fresh, i) == v for i, v in kept.nodes.items())
+    dumps = entries.get(("result-node-dumps",), {})
+    assert all(result._node_entry(fresh, i) == v for i, v in dumps.items())
     assert all(m.node_id == fresh.ids[i] and m.reason == reason for (i, reason), m in kept.omitted.items())
     for story, table in kept.priority.items():
         judged = np.flatnonzero(table != result._UNKNOWN_PRIORITY)
@@ -184,20 +178,18 @@ def test_recalls_on_carried_state_equal_recalls_on_fresh_state(store: Store, sto
         first_build = used.built_at_ms if first_build is None else first_build
         assert carried.built_at_ms == first_build  # carried over every write, never rebuilt
 
-        # Exactly the allow-listed entries the recall's snapshot held moved to the carried one, values shared; the
-        # entries with a derive function moved as new values sharing only their reinforcement-free parts.
+        # The carried snapshot has the recall's structure, so every structure-keyed entry is the same value; the
+        # statistics-keyed ones (importance orders, node dumps) belong to the old overlay and are not carried.
+        assert carried.structure is used.structure
         before, after = _entries(used), _entries(carried)
-        allowed = {key for key in before if _graph_cache._allowed(key, REINFORCEMENT_SAFE_KEYS)}
-        derived = {key for key in before if key in REINFORCEMENT_DERIVED}
-        assert set(after) == allowed | derived
-        assert all(after[key] is before[key] for key in allowed)
-        names = {key[0] if isinstance(key, tuple) else key for key in allowed}
+        stats_before = _stats_entries(used)
+        assert set(after) == set(before) - set(stats_before) and all(after[k] is before[k] for k in after)
+        names = {key[0] if isinstance(key, tuple) else key for key in after}
         assert {"scoring-arrays", "lexical-fields", "anchors", "diffusion-adjacency", "context"} <= names
-        assert derived == {("result-kept",), ("owners", "snapshot")}
-        assert ("result-core-order",) in set(before) - set(after)
-        _assert_memo_carried(before[("owners", "snapshot")], after[("owners", "snapshot")])
-        _assert_kept_carried(before[("result-kept",)], after[("result-kept",)])
-        _assert_weak_tables_carried(used, carried)
+        assert {("result-core-order",), ("result-node-dumps",)} <= set(stats_before)
+        assert _stats_entries(carried) == {}
+        _assert_memo_shared(before[("owners", "snapshot")], after[("owners", "snapshot")])
+        _assert_weak_tables_shared(used, carried)
 
         # The chat's BM25 index: built by the first recall, then carried over each reinforcement write.
         current = bm25.get(bench.CHAT, version + 1, _no_build)
@@ -235,11 +227,12 @@ def test_bm25_index_and_caches_rebuilt_after_a_graph_write(store: Store) -> None
     store.upsert_nodes(bench.CHAT, [Node(id="zz-new", type="event", fields={"title": "lantern vigil"}, seq=1)])
     graph_version = store.chat_version(bench.CHAT)
     controller.run_recall(_request(2, persist=True))
-    assert bm25.builds == 2
+    # The BM25 index is not rebuilt: the write's one touched row is merged into the cached index.
+    assert (bm25.builds, bm25.deltas) == (1, 1)
     rebuilt = recorder.snapshots[-1]
     assert rebuilt.version == graph_version and "zz-new" in rebuilt.index
     assert rebuilt.built_at_ms == bench.NOW_MS + 2  # built by this recall (the earlier ones at NOW_MS + 0)
     assert _entries(rebuilt)[("scoring-arrays",)] is not arrays
     # ... and that recall's own reinforcement write carried the new index on.
     assert bm25.get(bench.CHAT, graph_version + 1, _no_build) is not index
-    assert store.bm25(bench.CHAT, ["lantern", "vigil"], 5)[0][0] == "zz-new" and bm25.builds == 2
+    assert store.bm25(bench.CHAT, ["lantern", "vigil"], 5)[0][0] == "zz-new" and bm25.builds == 1

@@ -476,7 +476,10 @@ class TestNodeRules:
             "medium",
             "derived",
         )
-        assert report.warnings == ["nodes[0].storyTime: unknown keys mood dropped"]
+        # An unknown key is kept (Node.extra under the object's key) and written back into the object.
+        assert report.warnings == []
+        assert report.graph.nodes[0].extra == {"storyTime": {"mood": "x"}}
+        assert export_stbme(report.graph)["nodes"][0]["storyTime"]["mood"] == "x"
 
     def test_non_finite_importance_is_reported(self) -> None:
         """``Infinity``/``NaN`` (Python's json reads them) fall back to 5 — and the import says so."""
@@ -727,3 +730,38 @@ class TestRoundTrip:
         assert any(e.invalid_at is not None for e in graph.edges)
         assert any(n.archived for n in graph.nodes)
         assert any("\u4e00" <= ch <= "\u9fff" for n in graph.nodes for ch in n.label())
+
+
+def test_timeline_segment_keys_the_model_does_not_read_are_kept_and_written_back() -> None:
+    """A real ST-BME export's segments carry ``confidence``, ``matcherKey``, ``source`` and ``updatedAt``: kept in
+    ``StorySegment.extra`` without a warning and exported again, so a round trip loses nothing."""
+    data = json.loads((FIXTURES / "en-thornwick-manor" / "graph.json").read_text(encoding="utf-8"))
+    extra = {"confidence": "high", "matcherKey": "thursday-night", "source": "extract", "updatedAt": 1767298710000,
+             "nested": {"a": [1, 2]}}
+    data["timelineState"]["segments"][0].update(extra)
+    report = import_stbme_report(data, now_ms=0)
+    assert report.warnings == []
+    segment = report.graph.timeline.segments[0]
+    assert segment.id == "seg-thu-night" and segment.extra == extra
+    exported = export_stbme(report.graph)
+    assert exported["timelineState"]["segments"][0] == data["timelineState"]["segments"][0]
+    assert export_stbme(import_stbme(exported, now_ms=0)) == exported
+    # A key the model maps is never shadowed by an extra one of the same name.
+    assert [k for k in exported["timelineState"]["segments"][0]][:8] == [
+        "id", "label", "normalizedKey", "order", "aliases", "parentId", "relationToParent", "anchorLabel"]
+
+
+def test_unknown_keys_of_nested_node_and_edge_objects_survive_a_round_trip() -> None:
+    """Keys the model does not read inside a node's ``scope``/``storyTime``/``storyTimeSpan`` and an edge's ``scope``
+    are written back into the same object; a key the model maps keeps the model's value."""
+    data = json.loads((FIXTURES / "en-thornwick-manor" / "graph.json").read_text(encoding="utf-8"))
+    node, edge = data["nodes"][0], data["edges"][0]
+    node["scope"]["regionConfidence"] = 0.7
+    node["storyTime"]["matcherKey"] = "thu"
+    node["storyTimeSpan"]["note"] = {"x": [1]}
+    edge["scope"]["regionConfidence"] = 0.4
+    report = import_stbme_report(data, now_ms=0)
+    assert report.warnings == []
+    exported = export_stbme(report.graph)
+    assert exported["nodes"][0] == node and exported["edges"][0] == edge
+    assert export_stbme(import_stbme(exported, now_ms=0)) == exported

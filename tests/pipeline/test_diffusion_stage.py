@@ -491,3 +491,21 @@ def test_unique_pairs_is_numpy_row_unique(n: int) -> None:
     # Indices outside [0, n) take numpy's row-wise path (same answer).
     odd = np.array([[-1, 3], [-1, 3], [0, n + 5]], dtype=np.int64)
     assert np.array_equal(_unique_pairs(odd, n), np.unique(odd, axis=0))
+
+
+def test_hub_factors_count_only_marked_neighbours_with_empty_rows_anywhere() -> None:
+    """Degree over the ``counted`` neighbours only (the default profile counts chat turns); a node without edges
+    in the middle or at the end has degree 0 (a trailing empty row once raised from ``np.add.reduceat``)."""
+    import scipy.sparse as sp
+
+    from memory_recall.pipeline.diffusion import hub_factors
+
+    rows, cols = np.array([0, 1, 0, 3, 1, 3]), np.array([1, 0, 3, 0, 3, 1])
+    adjacency = sp.csr_array((np.ones(6), (rows, cols)), shape=(5, 5))
+    counted = np.array([True, True, False, False, False])
+    # Counted degrees [1, 1, 0, 2, 0] (node 3's neighbours 0 and 1 are both counted); threshold 1.
+    assert hub_factors(adjacency, 1, 1.0, counted).tolist() == [1.0, 1.0, 1.0, 0.5, 1.0]
+    # Every neighbour: degrees [2, 2, 0, 2, 0].
+    assert hub_factors(adjacency, 1, 1.0).tolist() == [0.5, 0.5, 1.0, 0.5, 1.0]
+    # The exponent applies to the ratio: 0.5 ** 2.
+    assert hub_factors(adjacency, 1, 2.0, counted).tolist() == [1.0, 1.0, 1.0, 0.25, 1.0]

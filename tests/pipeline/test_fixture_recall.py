@@ -126,16 +126,18 @@ def _retrieve(controller: Any, chat: str, question: dict[str, Any]) -> Any:
 
 
 # Required memories the default ("app") settings do not recall today, and why (diagnosed from the scored table;
-# strict: a fix makes the test pass and the entry must go). Three come from the reference's lexicographic ranking
+# strict: a fix makes the test pass and the entry must go). Two come from the reference's lexicographic ranking
 # (reference §7 item 14, kept: scope bucket first, so a far-region or adjacent-region memory ranks below every
-# current-region one whatever its score), one from the future-tense gate, one from the cap.
+# current-region one whatever its score), one from the cap, one from the knowledge gate. Since the rescue is
+# calibrated (departure 4 as amended) the rescued rows no longer crowd the selection, so zh-bell-tower q4 and
+# zh-qingyun-sect q6 are recalled.
 KNOWN_MISSES = {
     ("en-saltmere-harbor", "q2"): "loc-gullreach-isle is a far region (objectiveGlobal bucket): row 28 of the ranking",
+    ("en-saltmere-harbor", "q4"): "char-tidefolk: the inferred scene owner (Maren, named in the recent lines) does not "
+    "know the Tidefolk; 'little grey sea people' is a paraphrase (calibrated cosine below the rescue), no name",
     ("en-saltmere-harbor", "q5"): "rule-bell-three ranks 10th; DPP picks and scene reconstruction fill the 12 slots",
     ("en-thornwick-manor", "q6"): "rule-will-attendance is adjacent-region (row 22); ev-will-reading is future-tense "
     "and the question has no future cue ('when they read the will')",
-    ("zh-bell-tower", "q4"): "ev-merchant-fled happened in another region (objectiveGlobal bucket): row 30",
-    ("zh-qingyun-sect", "q6"): "ev-release-plan is a future plan in another region (objectiveGlobal, future): row 37",
 }
 
 

@@ -79,7 +79,9 @@ def test_stem_setting_validation_and_profiles(monkeypatch) -> None:
         load_settings(overrides={"lexical": {"stem": "snowball"}})
     monkeypatch.delenv("MEMORY_RECALL_LEXICAL__STEM", raising=False)
     assert load_settings(profile="app").lexical.stem == "none"
-    transcript = load_settings(profile="transcript").lexical
-    assert (transcript.stem, transcript.field_match_weight) == ("porter", 0.0)
+    transcript = load_settings(profile="transcript")
+    # Porter for the whole BM25 channel; the field match is off for message nodes only (scoring.message_*).
+    assert (transcript.lexical.stem, transcript.lexical.field_match_weight) == ("porter", 1.0)
+    assert transcript.scoring.message_field_match_weight == 0.0
     monkeypatch.setenv("MEMORY_RECALL_LEXICAL__STEM", "s")
     assert load_settings(profile="transcript").lexical.stem == "s"  # the environment beats the profile

@@ -440,12 +440,20 @@ class TestScenario21GateThresholds:
         [
             ("objectiveGlobal", {}, False, "suppressed", 0.56, 0.0),
             ("objectiveAdjacentRegion", {}, False, "suppressed", 0.42, 0.0),
+            # ``raw`` is the calibrated cosine u (departure 4 as amended; NaN: no vector evidence).
             ("objectiveGlobal", {"raw": 0.82}, True, "rescued", 0.56, 0.68),
-            ("objectiveGlobal", {"lexical": 0.85}, True, "rescued", 0.56, 0.68),
-            ("objectiveGlobal", {"graph": 1.1}, True, "rescued", 0.56, 0.68),
-            ("objectiveCurrentRegion", {"raw": 0.48}, True, "rescued", 0.34, 0.68),
-            ("objectiveCurrentRegion", {"graph": 0.82}, True, "rescued", 0.34, 0.68),
-            ("objectiveAdjacentRegion", {"raw": 0.48}, False, "suppressed", 0.42, 0.0),
+            ("objectiveGlobal", {"raw": 0.81}, False, "suppressed", 0.56, 0.0),
+            ("objectiveGlobal", {"lexical": 0.85, "raw": 0.6}, True, "rescued", 0.56, 0.68),
+            ("objectiveGlobal", {"lexical": 0.85, "raw": math.nan}, True, "rescued", 0.56, 0.68),
+            ("objectiveGlobal", {"lexical": 0.85, "raw": 0.59}, False, "suppressed", 0.56, 0.0),
+            ("objectiveGlobal", {"graph": 1.1, "raw": 0.6}, True, "rescued", 0.56, 0.68),
+            ("objectiveGlobal", {"graph": 1.1, "raw": math.nan}, False, "suppressed", 0.56, 0.0),
+            ("objectiveGlobal", {"graph": 1.1, "raw": 0.59}, False, "suppressed", 0.56, 0.0),
+            ("objectiveCurrentRegion", {"raw": 0.6}, True, "rescued", 0.34, 0.68),
+            ("objectiveCurrentRegion", {"raw": 0.59}, False, "suppressed", 0.34, 0.0),
+            ("objectiveCurrentRegion", {"graph": 0.82, "raw": 0.6}, True, "rescued", 0.34, 0.68),
+            ("objectiveCurrentRegion", {"graph": 0.82, "raw": math.nan}, False, "suppressed", 0.34, 0.0),
+            ("objectiveAdjacentRegion", {"raw": 0.6}, False, "suppressed", 0.42, 0.0),
             ("objectiveGlobal", {"low": True}, True, "soft-visible", 0.0, 0.0),
         ],
     )
@@ -457,19 +465,17 @@ class TestScenario21GateThresholds:
         assert g.visibility[0] == pytest.approx(visibility)
         assert g.reason.tolist() == ["" if visible else "low-visibility"]
 
-    def test_scenario_21_rescue_uses_raw_cosine_departure_4(self, snap) -> None:
-        """Departure 4 (§7 item 7): with a 0.7 blend weight a 0.9 cosine is a 0.63 weighted score; the
-        reference compares 0.63 with 0.82 and suppresses the node, this stage compares the raw 0.9 and rescues
-        it. The weighted score still drives the ranking."""
+    def test_scenario_21_rescue_never_reads_the_score_map_cosine_departure_4(self, snap) -> None:
+        """Departure 4 (§7 item 7, amended): neither the blend-weighted score nor the raw cosine of the score map
+        rescues: a raw 0.9 (what multilingual-e5-small gives almost any pair) is no evidence without the query
+        vectors to calibrate it (tests/pipeline/test_knowledge_gate_calibration.py runs the calibrated rule). The
+        weighted score still drives the ranking of what the gate lets through."""
         ctx = ContextInfo(owner_keys=("character:erin",), owner_mode="request")
-        cands = candidates_for(snap, ["obj"], vector={"obj": 0.63}, raw={"obj": 0.9})
-        res = run_scoring(make_state(snap, "zzz", candidates=cands, context=ctx))
-        assert res.state.scored.knowledge_mode == ("rescued",)
-        assert res.state.meta["knowledgeRescuedNodes"] == ["obj"]
-        assert res.state.scored.vector_score.tolist() == [0.63]
-        cands = candidates_for(snap, ["obj"], vector={"obj": 0.9}, raw={"obj": 0.63})
-        res = run_scoring(make_state(snap, "zzz", candidates=cands, context=ctx))
-        assert len(res.state.scored) == 0 and res.state.meta["knowledgeSuppressedNodes"] == ["obj"]
+        for vector, raw in ((0.63, 0.9), (0.9, 0.63), (0.99, 0.99)):
+            cands = candidates_for(snap, ["obj"], vector={"obj": vector}, raw={"obj": raw})
+            res = run_scoring(make_state(snap, "zzz", candidates=cands, context=ctx))
+            assert len(res.state.scored) == 0 and res.state.meta["knowledgeSuppressedNodes"] == ["obj"]
+            assert res.state.meta["knowledgeRescuedNodes"] == []
 
     def test_missing_owner_entry_is_no_owner_state(self, snap) -> None:
         g = _gate(snap, "obj", ["character:nobody"])
@@ -828,13 +834,16 @@ class TestFusionAndNeighbourCarry:
         cfg = settings()
         assert cfg.scoring.fusion == "hybrid" and cfg.scoring.neighbour_carry == 0.0
 
-    def test_transcript_profile_sets_the_carry(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_default_profile_sets_the_carry_of_message_nodes(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from memory_recall.settings import load_settings
 
-        monkeypatch.delenv("MEMORY_RECALL_SCORING__NEIGHBOUR_CARRY", raising=False)
-        monkeypatch.delenv("MEMORY_RECALL_CONFIG", raising=False)
-        cfg = load_settings(profile="transcript")
-        assert cfg.scoring.neighbour_carry == 0.8 and cfg.scoring.fusion == "hybrid"
+        for name in ("MEMORY_RECALL_SCORING__NEIGHBOUR_CARRY", "MEMORY_RECALL_SCORING__MESSAGE_NEIGHBOUR_CARRY",
+                     "MEMORY_RECALL_CONFIG", "MEMORY_RECALL_PROFILE"):
+            monkeypatch.delenv(name, raising=False)
+        for profile in ("default", "transcript", None):
+            cfg = load_settings(profile=profile)
+            assert (cfg.scoring.message_weights, cfg.scoring.message_neighbour_carry) == (True, 0.8)
+            assert cfg.scoring.neighbour_carry == 0.0 and cfg.scoring.fusion == "hybrid"  # extracted: the reference
 
     def test_carry_lifts_the_reply_turn_and_parts_add_up(self) -> None:
         snap = self._chain()
@@ -980,8 +989,10 @@ def _reference_gate(snap, idx, rows, raw, graph, lexical, buckets, low):
         pov = bool(snap.is_pov[i])
         threshold = 0.18 if pov else thresholds.get(buckets[c], 0.4)
         current = buckets[c] == "objectiveCurrentRegion"
-        strong = raw[c] >= 0.82 or lexical[c] >= 0.85 or graph[c] >= 1.1 or (
-            current and (raw[c] >= 0.48 or graph[c] >= 0.82))
+        u = raw[c]  # the calibrated cosine (departure 4 as amended); NaN = no vector evidence
+        support = not math.isnan(u) and u >= 0.6
+        strong = (u >= 0.82 or (current and u >= 0.6) or (lexical[c] >= 0.85 and (support or math.isnan(u)))
+                  or (graph[c] >= 1.1 and support) or (current and graph[c] >= 0.82 and support))
         per = []  # (mode, visible, visibility, threshold, anchored, rescued)
         for r in rows:
             if not 0 <= r < know.known.shape[0]:
@@ -1029,7 +1040,7 @@ _subsets = st.lists(st.sampled_from(_NODE_IDS), max_size=6, unique=True)
     ),
     keys=st.lists(st.sampled_from(["character:a", "character:b", "character:c", "user:me", "character:zed"]),
                   max_size=4),
-    scores=st.lists(st.tuples(st.sampled_from([0.0, 0.47, 0.48, 0.81, 0.82, 0.9]),
+    scores=st.lists(st.tuples(st.sampled_from([math.nan, 0.0, 0.59, 0.6, 0.81, 0.82, 0.9]),
                               st.sampled_from([0.0, 0.81, 0.82, 1.09, 1.1]),
                               st.sampled_from([0.0, 0.84, 0.85, 1.0])), min_size=6, max_size=6),
     buckets=st.lists(st.sampled_from([*SCOPE_BUCKETS, "elsewhere"]), min_size=6, max_size=6),

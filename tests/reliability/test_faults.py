@@ -63,7 +63,8 @@ def recall_under(servers: Any, tmp: Path, *, emb: Step | None, llm: Step | None,
     try:
         with httpx.Client(base_url=live.url, timeout=60) as c:
             faults["emb"] = faults["llm"] = None
-            ingest = c.post("/v1/chats/f/events", json={"type": "message_added", "messages": MSGS}).json()
+            ingest = c.post("/v1/chats/f/events?embed=inline",
+                            json={"type": "message_added", "messages": MSGS}).json()
             assert ingest["embedding"]["status"] == "ok", ingest  # vectors stored, so recall does call the embedder
             faults["emb"], faults["llm"] = emb, llm
             ask = {"floor": 10, "role": "user", "speaker": "Ann", "text": "where is the key?"}

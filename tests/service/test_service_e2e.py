@@ -189,7 +189,7 @@ def test_local_embedder_end_to_end(live_server: Any, chat_messages: list[dict[st
     embedder = LocalEmbedder()
     _, client = live_server(embedder=embedder)
     msgs = chat_messages[:9]
-    r = client.post(f"/v1/chats/{CHAT}/events", json={"type": "message_added", "messages": msgs})
+    r = client.post(f"/v1/chats/{CHAT}/events?embed=inline", json={"type": "message_added", "messages": msgs})
     assert r.status_code == 200
     assert r.json()["embedding"]["status"] == "ok" and r.json()["embedding"]["embedded"] > 0
     stats = client.get(f"/v1/chats/{CHAT}/stats").json()

@@ -201,7 +201,8 @@ class TestEvents:
         result: dict[str, Any] = {}
 
         def post() -> None:
-            result["r"] = client.post(f"/v1/chats/{CHAT}/events", json={"type": "message_added", "message": new})
+            result["r"] = client.post(f"/v1/chats/{CHAT}/events?embed=inline",
+                                      json={"type": "message_added", "message": new})
 
         t = threading.Thread(target=post)
         t.start()

@@ -272,7 +272,12 @@ class TestCache:
         store.upsert_nodes("other", [node("o1", title="dragon")])  # another chat's version only
         assert store.bm25("c", ["dragon"]) == first
         assert cache.builds == builds + 1
+        deltas = cache.deltas
         store.upsert_nodes("c", [node("c4", title="dragon dragon")])
+        assert [i for i, _ in store.bm25("c", ["dragon"])] == ["c4", "c1"]
+        # The write's one new row was merged into the cached index: no rebuild from the chat.
+        assert (cache.builds, cache.deltas) == (builds + 1, deltas + 1)
+        cache.clear()
         assert [i for i, _ in store.bm25("c", ["dragon"])] == ["c4", "c1"]
         assert cache.builds == builds + 2
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
+from store_helpers import exactly_equal
 
 import memory_recall.store.sqlite as store_sqlite
 from memory_recall.errors import StoreError
@@ -39,26 +39,9 @@ NOW = 1_000
 def _differences(a: GraphSnapshot, b: GraphSnapshot) -> list[str]:
     """Names of the snapshot fields that are not exactly equal (arrays: dtype, shape and bytes)."""
 
-    def same(x: Any, y: Any) -> bool:
-        if isinstance(x, PackedTexts | JoinedStrings) or isinstance(y, PackedTexts | JoinedStrings):  # compact forms
-            return list(x) == list(y) and all(type(t) is str for t in (*x, *y))
-        if type(x) is not type(y):
-            return False
-        if isinstance(x, np.ndarray):
-            if x.dtype != y.dtype or x.shape != y.shape:
-                return False
-            return x.tolist() == y.tolist() if x.dtype == object else x.tobytes() == y.tobytes()
-        if sp.issparse(x):
-            return x.shape == y.shape and all(same(getattr(x, k), getattr(y, k)) for k in ("indptr", "indices", "data"))
-        if dataclasses.is_dataclass(x):
-            return all(same(getattr(x, f.name), getattr(y, f.name)) for f in dataclasses.fields(x))
-        if isinstance(x, dict):
-            return list(x) == list(y) and all(same(x[k], y[k]) for k in x)
-        if isinstance(x, tuple | list):
-            return len(x) == len(y) and all(same(p, q) for p, q in zip(x, y, strict=True))
-        return bool(x == y)
+    same = exactly_equal
 
-    skip = {"_lock", "_nodes", "version", "chat_id", "model_id"}
+    skip = {"_lock", "_nodes", "version", "chat_id", "model_id", "structure"}  # structure: an identity token
     return [f.name for f in dataclasses.fields(GraphSnapshot) if f.name not in skip
             and not same(getattr(a, f.name), getattr(b, f.name))]
 

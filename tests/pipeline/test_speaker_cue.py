@@ -1,0 +1,63 @@
+"""Speaker cue (memory_recall.pipeline.speaker_cue): a question naming a speaker raises that speaker's turns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from score_helpers import candidates_for, make_graph, make_node, make_snapshot, make_state, run_scoring, settings
+
+from memory_recall.pipeline.scoring import explain_row
+from memory_recall.pipeline.speaker_cue import named_in, speaker_cue_weights
+
+
+@pytest.mark.parametrize(("question", "speaker", "expected"), [
+    ("What does John do after training?", "John", True),
+    ("What does john do after training?", "John Smith", True),  # first name, any case
+    ("Did Mr Smith call?", "John Smith", False),  # only the full name or the first name count
+    ("Did John Smith call?", "John Smith", True),
+    ("What about Johnny?", "John", False),  # whole words only
+    ("Where did Al go?", "Al Green", False),  # a first name under three letters counts only in the full name
+    ("林黛玉去哪里了？", "林黛玉", True),
+    ("Anything new?", "", False),
+])
+def test_named_in(question: str, speaker: str, expected: bool) -> None:
+    assert named_in(question, speaker) is expected
+
+
+def _turns():  # type: ignore[no-untyped-def]
+    nodes = [
+        make_node("msg:1", "message", seq=1, speaker="Caroline", summary="I started painting again."),
+        make_node("msg:2", "message", seq=2, speaker="Melanie", summary="I started painting again too!"),
+        make_node("ev-3", "event", seq=3, speaker="Melanie", summary="Melanie paints"),
+    ]
+    snap = make_snapshot(make_graph(nodes))
+    return snap, np.array([snap.index["msg:1"], snap.index["msg:2"], snap.index["ev-3"]])
+
+
+def test_weights_raise_only_the_named_speakers_turns() -> None:
+    snap, idx = _turns()
+    on = settings(scoring={"speaker_cue": True, "speaker_cue_boost": 0.5}).scoring
+    w, notes = speaker_cue_weights(snap, idx, np.array([True, True, False]), "What does Melanie paint?", on)
+    assert w.tolist() == [1.0, 1.5, 1.0] and notes == {"speakers": ["Melanie"], "raised": 1}
+    w, notes = speaker_cue_weights(snap, idx, np.array([True, True, False]), "What does Bob paint?", on)
+    assert w.tolist() == [1.0, 1.0, 1.0] and notes == {}
+    off = settings().scoring
+    w, notes = speaker_cue_weights(snap, idx, np.array([True, True, False]), "What does Melanie paint?", off)
+    assert w.tolist() == [1.0, 1.0, 1.0] and notes == {}
+
+
+def test_scoring_ranks_the_named_speakers_turn_first_and_explains_it() -> None:
+    snap, _ = _turns()
+    cands = candidates_for(snap, ["msg:1", "msg:2"], vector={"msg:1": 0.5, "msg:2": 0.5})
+    base = settings(scoring={"message_weights": True}, lexical={"enable_bm25": False})
+    on = base.with_overrides({"scoring": {"speaker_cue": True}})
+    question = "What does Melanie paint?"
+    plain = run_scoring(make_state(snap, question, candidates=cands), base).state.scored
+    cued = run_scoring(make_state(snap, question, candidates=cands), on)
+    table = cued.state.scored
+    assert [snap.ids[i] for i in plain.index] == ["msg:1", "msg:2"]  # a tie: node id order
+    assert [snap.ids[i] for i in table.index] == ["msg:2", "msg:1"]
+    assert table.final_score[0] == pytest.approx(1.3 * plain.final_score[1], rel=1e-12)  # the DPP quality too
+    assert explain_row(snap, table, 0, on.scoring, on.lexical).multipliers["speaker_cue"] == pytest.approx(1.3)
+    assert "speaker_cue" not in explain_row(snap, table, 1, on.scoring, on.lexical).multipliers
+    assert cued.trace.notes["speaker_cue"] == {"speakers": ["Melanie"], "raised": 1}

@@ -1,0 +1,318 @@
+"""Incremental snapshot updates: after any sequence of writes, the snapshot :class:`SnapshotCache` keeps up to date
+from the store's deltas equals a fresh build of the same version — every array field, every node, and the full
+recall output with the per-structure caches updated from the previous structure's — and the delta path is the one
+taken (never a rebuild)."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import shutil
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from store_helpers import exactly_equal
+
+from memory_recall import bench
+from memory_recall.model.graph import Edge, Node
+from memory_recall.model.state import KnowledgeOwner, KnowledgeState
+from memory_recall.pipeline import owners
+from memory_recall.pipeline.result import json_dumps
+from memory_recall.pipeline.retrieve import retrieve
+from memory_recall.pipeline.state import Providers, RecallQuery
+from memory_recall.settings import RecallSettings
+from memory_recall.store import Store
+from memory_recall.store.snapshot import (
+    GraphSnapshot,
+    SnapshotCache,
+    apply_delta,
+    build_snapshot,
+)
+
+CHAT = "inc"
+MODEL = "test-model"
+NOW = 1_700_000_000_000
+DIM = bench.DIM
+SETTINGS = RecallSettings(profile="app")
+OPS = ("message", "edit", "archive", "delete", "edge", "edge-edit", "edge-delete", "reinforce", "reinforce-carry",
+       "vector", "vector-delete", "knowledge", "empty", "time")
+
+
+def _vector(rng: np.random.Generator) -> np.ndarray:
+    return rng.standard_normal(DIM).astype(np.float32) * float(rng.uniform(0.5, 3.0))
+
+
+def _node(i: int, rng: np.random.Generator, *, prev: str | None = None) -> Node:
+    kind = ("event", "character", "pov_memory", "location", "message")[i % 5]
+    scope: dict[str, Any] = {"region_primary": f"Region {i % 3}"}
+    if kind == "pov_memory":
+        scope = {"layer": "pov", "owner_type": "character", "owner_name": "Erin", "region_primary": "Tower"}
+    words = ("dragon", "lantern", "harbor", "tower", "river", "forest")
+    return Node(
+        id=f"n{i:03d}", type=kind, seq=i, importance=float(rng.integers(1, 10)), prev_id=prev,
+        fields={"title": f"{words[i % 6]} scene {i}", "name": f"Name{i % 4}",
+                "summary": f"the {words[(i + 2) % 6]} by the {words[(i + 3) % 6]}",
+                "visibility": "Erin" if i % 6 == 0 else ""},
+        scope=scope,
+        seq_range=(i, i + 1) if i % 4 else None,
+        story_time={"segment_id": f"seg-{i % 3}", "tense": "past" if i % 2 else "ongoing"},
+    )
+
+
+def _seed_store(path: Path) -> None:
+    rng = np.random.default_rng(7)
+    with Store(path) as store:
+        nodes = [_node(i, rng, prev=f"n{i - 1:03d}" if i else None) for i in range(14)]
+        edges = [Edge(id=f"e{k:03d}", from_id=f"n{k % 14:03d}", to_id=f"n{(k * 5 + 3) % 14:03d}",
+                      strength=float(rng.uniform(0.1, 1.0)), edge_type=255 if k % 7 == 0 else 0,
+                      expired_at=NOW + 5_000 if k == 4 else None)
+                 for k in range(20) if k % 14 != (k * 5 + 3) % 14]
+        with store.write(CHAT) as w:
+            w.upsert_nodes(nodes)
+            w.upsert_edges(edges)
+            w.put_embeddings(MODEL, {n.id: _vector(rng) for n in nodes if n.seq % 5 != 3})
+            w.set_knowledge(KnowledgeState(owners={"character:erin": KnowledgeOwner(
+                owner_key="character:erin", owner_type="character", owner_name="Erin",
+                known_node_ids=["n001", "n002"])}))
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("inc") / "seed.sqlite3"
+    _seed_store(path)
+    return path
+
+
+def _differences(a: GraphSnapshot, b: GraphSnapshot) -> list[str]:
+    """Names of the snapshot fields that differ (arrays: dtype, shape and bytes; nodes compared as models)."""
+
+    same = exactly_equal
+
+    # The node JSON of a reinforced node predates the overlay's statistics: nodes are compared as models below.
+    skip = {"_lock", "_nodes", "_node_json", "structure", "stats", "built_at_ms"}
+    out = [f.name for f in dataclasses.fields(GraphSnapshot)
+           if f.name not in skip and not same(getattr(a, f.name), getattr(b, f.name))]
+    if not same(a.importance, b.importance):
+        out.append("importance")
+    if [a.node(i) for i in range(a.n)] != [b.node(i) for i in range(b.n)]:
+        out.append("nodes")
+    return out
+
+
+def _recall(snap: GraphSnapshot, store: Store, k: int) -> str:
+    query = RecallQuery(
+        user_message=("the dragon by the river", "a lantern in the tower", "Erin at the harbor")[k % 3],
+        recent_lines=("[user]: hello", "[assistant]: The lantern flickers."),
+        now_ms=NOW, seed=k, chat_id=CHAT, user_floor=20 + k, active_region="Region 1",
+        active_owner_keys=("character:erin",),
+    )
+    providers = Providers(embedder=bench._PassThroughEmbedder(MODEL, {}),
+                          lexical_index=lambda terms, limit: store.bm25(CHAT, terms, limit))
+    return json_dumps(retrieve(snap, query, SETTINGS, providers))
+
+
+class _World:
+    """The writes of one example; ``rng`` picks targets so every sequence is reproducible."""
+
+    def __init__(self, store: Store, cache: SnapshotCache) -> None:
+        self.store = store
+        self.cache = cache
+        self.now = NOW
+        self.next_node = 100
+        self.next_edge = 100
+
+    def ids(self) -> list[str]:
+        return sorted(n.id for n in self.store.get_nodes(CHAT))
+
+    def edge_ids(self) -> list[str]:
+        return sorted(e.id for e in self.store.get_edges(CHAT))
+
+    def apply(self, op: str, seed: int) -> str:
+        """Run ``op``; returns how the cache must get the next snapshot ("delta" or "stats")."""
+        rng = np.random.default_rng(seed)
+        ids = self.ids()
+        pick = ids[int(rng.integers(len(ids)))] if ids else None
+        if op == "message" or pick is None:
+            i, self.next_node = self.next_node, self.next_node + 1
+            node = _node(i, rng, prev=ids[-1] if ids else None)
+            with self.store.write(CHAT) as w:
+                w.upsert_nodes([node])
+                if ids:
+                    w.upsert_edges([Edge(id=f"m{i}", from_id=node.id, to_id=ids[int(rng.integers(len(ids)))],
+                                         strength=0.6)])
+                w.put_embeddings(MODEL, {node.id: _vector(rng)})
+            return "delta"
+        if op in ("edit", "archive"):
+            old = self.store.get_node(CHAT, pick)
+            assert old is not None
+            upd: dict[str, Any] = {"fields": {**old.fields, "title": f"edited {seed % 97}",
+                                              "name": f"Renamed{seed % 5}"}}
+            if op == "archive":
+                upd["archived"] = not old.archived
+            else:
+                upd["importance"] = float(rng.integers(1, 10))
+                upd["seq_range"] = None if old.seq_range else (old.seq, old.seq + 2)
+            with self.store.write(CHAT) as w:
+                w.upsert_nodes([old.model_copy(update=upd)])
+            return "delta"
+        if op == "delete":
+            with self.store.write(CHAT) as w:
+                w.delete_nodes([pick])
+            return "delta"
+        others = [i for i in ids if i != pick]
+        if op == "edge" and others:
+            j, self.next_edge = self.next_edge, self.next_edge + 1
+            other = others[int(rng.integers(len(others)))]
+            with self.store.write(CHAT) as w:
+                w.upsert_edges([Edge(id=f"x{j}", from_id=pick, to_id=other, strength=float(rng.uniform(0.1, 1)),
+                                     edge_type=255 if j % 3 == 0 else 0,
+                                     expired_at=self.now + 2_000 if j % 4 == 0 else None)])
+            return "delta"
+        edges = self.edge_ids()
+        if op in ("edge-edit", "edge-delete") and edges:
+            target = edges[int(rng.integers(len(edges)))]
+            with self.store.write(CHAT) as w:
+                if op == "edge-delete":
+                    w.delete_edges([target])
+                else:
+                    e = next(e for e in self.store.get_edges(CHAT) if e.id == target)
+                    end = pick if pick != e.from_id else e.to_id
+                    w.upsert_edges([e.model_copy(update={"strength": float(rng.uniform(0.1, 1)), "to_id": end})])
+            return "delta"
+        if op in ("reinforce", "reinforce-carry"):
+            chosen = sorted(set(rng.choice(ids, size=min(3, len(ids)), replace=False).tolist()))
+            with self.store.write(CHAT) as w:
+                base = w.chat_version(CHAT)
+                w.reinforce(chosen, self.now, 0.7)
+                version = w.version
+            if op == "reinforce-carry":  # the controller's path: the cache is told what the write did
+                self.cache.apply_reinforcement(CHAT, MODEL, chosen, 0.7, version, base_version=base, now_ms=self.now)
+                return "cached"
+            return "stats"
+        if op == "vector":
+            with self.store.write(CHAT) as w:
+                w.put_embeddings(MODEL, {pick: _vector(rng)})
+            return "delta"
+        if op == "vector-delete":
+            with self.store.write(CHAT) as w:
+                w.delete_embeddings(MODEL, [pick])
+            return "delta"
+        if op == "knowledge":
+            known = sorted(set(rng.choice(ids, size=min(4, len(ids)), replace=False).tolist()))
+            with self.store.write(CHAT) as w:
+                w.set_knowledge(KnowledgeState(owners={"character:erin": KnowledgeOwner(
+                    owner_key="character:erin", owner_type="character", owner_name="Erin", known_node_ids=known)}))
+            return "delta"
+        if op == "time":  # past the expiry of the edges that have one: the horizon moves, not the version
+            self.now += 6_000
+            return "delta"
+        with self.store.write(CHAT):  # a batch that writes nothing of the graph
+            pass
+        return "delta"
+
+
+@pytest.fixture
+def world(seeded: Path, tmp_path: Path) -> Iterator[_World]:
+    path = tmp_path / "store.sqlite3"
+    shutil.copyfile(seeded, path)
+    with Store(path) as store:
+        yield _World(store, SnapshotCache())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 2**32 - 1)), min_size=1, max_size=10))
+def test_incremental_snapshot_equals_a_fresh_build(seeded: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                   steps: list[tuple[str, int]]) -> None:
+    path = tmp_path_factory.mktemp("ex") / "store.sqlite3"
+    shutil.copyfile(seeded, path)
+    with Store(path) as store:
+        w = _World(store, SnapshotCache())
+        first = w.cache.get(store, CHAT, MODEL, now_ms=w.now)
+        assert w.cache.last_update[CHAT] == "rebuild"
+        _recall(first, store, 0)
+        previous = first
+        for op, seed in steps:
+            expected = w.apply(op, seed)
+            snap = w.cache.get(store, CHAT, MODEL, now_ms=w.now)
+            fresh = build_snapshot(store.snapshot_source(CHAT, MODEL), now_ms=w.now)
+            assert snap.version == fresh.version == store.chat_version(CHAT)
+            assert _differences(snap, fresh) == [], (op, seed)
+            # The recall on the updated snapshot (per-structure caches updated from the parent's, which the
+            # previous step's recall filled) equals the recall on the fresh build (every cache built anew).
+            assert _recall(snap, store, seed) == _recall(fresh, store, seed), (op, seed)
+            how = w.cache.last_update[CHAT]
+            if expected == "stats":
+                assert how == "stats" and snap.structure is previous.structure
+            elif expected == "cached":
+                assert how == "cached" and snap.structure is previous.structure
+            else:
+                assert how in ("delta", "stats", "cached"), (op, how)
+            previous = snap
+
+
+def test_a_new_message_is_a_delta_and_recalls_equal(world: _World) -> None:
+    before = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert world.apply("message", 11) == "delta"
+    after = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    fresh = build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)
+    assert world.cache.last_update[CHAT] == "delta"
+    assert after.n == before.n + 1 and after.ids[-1] == "n100" and after.structure is not before.structure
+    assert _differences(after, fresh) == []
+    assert _recall(after, world.store, 0) == _recall(fresh, world.store, 0)
+
+
+def test_reinforcement_keeps_the_structure_and_overlays_the_node(world: _World) -> None:
+    before = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    with world.store.write(CHAT) as w:
+        w.reinforce(["n003"], NOW + 9, 0.5)
+    after = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert world.cache.last_update[CHAT] == "stats"
+    assert after.structure is before.structure and after is not before
+    i = after.index["n003"]
+    assert after.importance[i] == before.importance[i] + 0.5
+    node = after.node(i)
+    assert (node.access_count, node.last_access_time) == (before.node(i).access_count + 1, NOW + 9)
+    assert after.node(i) == world.store.get_node(CHAT, "n003")
+    assert before.node(i).access_count == 0  # the old snapshot is unchanged
+
+
+def test_a_rebuild_mark_makes_the_cache_rebuild(world: _World) -> None:
+    snap = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    with world.store.write(CHAT) as w:
+        w.delete_embeddings(MODEL)  # every vector of the model: no delta describes it
+    assert world.store.snapshot_delta(CHAT, MODEL, snap.version) is None
+    after = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert world.cache.last_update[CHAT] == "rebuild" and after.dim == 0
+
+
+def test_apply_delta_refuses_a_delta_from_another_version(world: _World) -> None:
+    snap = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    world.apply("message", 3)
+    delta = world.store.snapshot_delta(CHAT, MODEL, snap.version - 1)
+    assert delta is not None and apply_delta(snap, delta, now_ms=NOW) is None
+
+
+def test_caches_are_updated_from_the_parent_after_the_old_snapshot_is_gone(world: _World) -> None:
+    """The service keeps only the newest snapshot: the new structure holds its parent (and so the parent's caches)
+    until it is updated itself, so the first recall after a write updates the parent's values."""
+    snap = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    _recall(snap, world.store, 0)
+    texts = dict(owners._memo(snap).participant_text)
+    assert texts
+    parent = weakref.ref(snap.structure)
+    del snap
+    gc.collect()
+    assert world.apply("message", 5) == "delta"
+    new = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert new.structure.parent is parent() is not None
+    assert owners._memo(new).participant_text == texts  # moved from the parent (an append moves no node)
+    world.apply("edge", 6)
+    newer = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    gc.collect()
+    assert newer.structure.parent is new.structure and new.structure.parent is None and parent() is None
