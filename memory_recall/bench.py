@@ -588,11 +588,28 @@ def _copy_store(path: Path, copy: Path) -> Path:
     return copy
 
 
+def _timed_recall(controller: Any, q: Any, k: int, floor: int, messages: list[Any], now_ms: int, what: str) -> float:
+    """Wall ms of one controller recall of bench query ``k`` (scene and owners of ``q``) for user ``floor``;
+    raises when it does not complete."""
+    from memory_recall.controller import RecallRequest
+
+    request = RecallRequest(
+        chat_id=CHAT, messages=messages, query_text=QUERIES[k], target_user_floor=floor,
+        active_region=q.active_region, active_owner_keys=list(q.active_owner_keys or ()), now_ms=now_ms,
+    )
+    start = time.perf_counter()
+    response = controller.run_recall(request)
+    elapsed = (time.perf_counter() - start) * 1000
+    if response.status != "completed":
+        raise RuntimeError(f"{what} ended {response.status}: {response.reason_text}")
+    return elapsed
+
+
 def _bench_service(path: Path, out: dict[str, Any], plan: _Scene, settings: Any, count: int) -> None:
     """``service_recall_ms``: recalls through :class:`~memory_recall.controller.RecallController` on a copy of
     the store (records and reinforcement are written), one new user turn each, two warm-up turns first."""
 
-    from memory_recall.controller import RecallController, RecallRequest
+    from memory_recall.controller import RecallController
     from memory_recall.model.chat import ChatMessage
     from memory_recall.providers.embedding import LOCAL_MODEL_ID
     from memory_recall.store import Store
@@ -613,16 +630,7 @@ def _bench_service(path: Path, out: dict[str, Any], plan: _Scene, settings: Any,
                     ChatMessage(floor=floor, role="assistant", text="The lantern flickers as you wait."),
                     ChatMessage(floor=floor + 1, role="user", text=QUERIES[k]),
                 ]
-                request = RecallRequest(
-                    chat_id=CHAT, messages=messages, query_text=QUERIES[k], target_user_floor=floor + 1,
-                    active_region=q.active_region, active_owner_keys=list(q.active_owner_keys or ()),
-                    now_ms=NOW_MS + turn,
-                )
-                start = time.perf_counter()
-                response = controller.run_recall(request)
-                elapsed = (time.perf_counter() - start) * 1000
-                if response.status != "completed":
-                    raise RuntimeError(f"service recall {turn} ended {response.status}: {response.reason_text}")
+                elapsed = _timed_recall(controller, q, k, floor + 1, messages, NOW_MS + turn, f"service recall {turn}")
                 if turn >= 2:
                     times.append(elapsed)
     out["service_recall_ms"] = _pct(times)
@@ -641,7 +649,7 @@ def _bench_turn(path: Path, out: dict[str, Any], plan: _Scene, settings: Any, co
     short passage and one query, timed alone) gives the target's terms: ``turn_ms`` p50 against
     ``warm_ms`` p50 + 2 × single embedding + 30 ms. Two warm-up turns are not counted."""
 
-    from memory_recall.controller import RecallController, RecallRequest
+    from memory_recall.controller import RecallController
     from memory_recall.model.chat import ChatMessage
     from memory_recall.providers.cache import embed_missing
     from memory_recall.providers.embedding import LOCAL_MODEL_ID, LocalEmbedder, local_engine_available
@@ -657,18 +665,8 @@ def _bench_turn(path: Path, out: dict[str, Any], plan: _Scene, settings: Any, co
             model_id = embedder.model_id
 
             def recall(turn: int, floor: int, k: int, messages: list[ChatMessage]) -> float:
-                q = _query(plan, k, QUERIES[k])
-                request = RecallRequest(
-                    chat_id=CHAT, messages=messages, query_text=QUERIES[k], target_user_floor=floor,
-                    active_region=q.active_region, active_owner_keys=list(q.active_owner_keys or ()),
-                    now_ms=NOW_MS + turn,
-                )
-                start = time.perf_counter()
-                response = controller.run_recall(request)
-                elapsed = (time.perf_counter() - start) * 1000
-                if response.status != "completed":
-                    raise RuntimeError(f"turn recall {turn} ended {response.status}: {response.reason_text}")
-                return elapsed
+                return _timed_recall(controller, _query(plan, k, QUERIES[k]), k, floor, messages, NOW_MS + turn,
+                                     f"turn recall {turn}")
 
             for turn in range(count + 2):
                 k = turn % len(QUERIES)

@@ -100,7 +100,6 @@ def build_chat(data_dir: Path, n: int, *, log: Any = print, vectors: str = "loca
     the two kinds share the model id)."""
     from memory_recall.bench import _Plan  # the benchmark's seeded synthetic roleplay graph
     from memory_recall.model.graph import Edge, Node
-    from memory_recall.providers.cache import embed_missing
     from memory_recall.store import Store
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -125,22 +124,30 @@ def build_chat(data_dir: Path, n: int, *, log: Any = print, vectors: str = "loca
                     w.upsert_edges(edges)
             plan.write_state(store, CHAT)
         out["graph_write_s"] = round(time.perf_counter() - start, 1)
-        start = time.perf_counter()
-        last = [0.0]
+        _embed_chat(store, embedder, out, log)
+    return out
 
-        def progress(done: int, total: int) -> None:
-            if time.perf_counter() - last[0] > 15:
-                last[0] = time.perf_counter()
-                log(f"  embedded {done}/{total} nodes ({time.perf_counter() - start:.0f} s)")
 
-        # On a reused store this embeds nothing (or finishes an interrupted build).
-        report = embed_missing(store, CHAT, embedder, progress=progress)
-        out["embedded_now"] = report.total
-        out["embed_s"] = round(time.perf_counter() - start, 1)
-        stats = store.stats(CHAT)
+def _embed_chat(store: Any, embedder: Any, out: dict[str, Any], log: Any) -> None:
+    """Embed what the chat lacks (``embed_missing``, as the service does; on a reused store nothing, or the rest
+    of an interrupted build), logging progress every 15 s, and record ``embedded_now``, ``embed_s``,
+    ``node_count`` and the chat's stats in ``out``."""
+    from memory_recall.providers.cache import embed_missing
+
+    start = time.perf_counter()
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        if time.perf_counter() - last[0] > 15:
+            last[0] = time.perf_counter()
+            log(f"  embedded {done}/{total} nodes ({time.perf_counter() - start:.0f} s)")
+
+    report = embed_missing(store, CHAT, embedder, progress=progress)
+    out["embedded_now"] = report.total
+    out["embed_s"] = round(time.perf_counter() - start, 1)
+    stats = store.stats(CHAT)
     out["node_count"] = stats["node_count"]
     out["stats"] = {k: v for k, v in stats.items() if isinstance(v, int | float | str | dict)}
-    return out
 
 
 def _chat_script() -> Any:
@@ -161,7 +168,6 @@ def build_message_chat(data_dir: Path, messages: int, *, log: Any = print, vecto
     packaged local embedder through ``embed_missing``."""
     from memory_recall.ingest import ingest_messages
     from memory_recall.ingest.messages import message_id
-    from memory_recall.providers.cache import embed_missing
     from memory_recall.store import Store
 
     turns = _chat_script()
@@ -178,13 +184,7 @@ def build_message_chat(data_dir: Path, messages: int, *, log: Any = print, vecto
             for lo in range(0, messages, 500):
                 ingest_messages(store, CHAT, turns.messages(lo, min(500, messages - lo)), now_ms=turns.NOW)
         out["graph_write_s"] = round(time.perf_counter() - start, 1)
-        start = time.perf_counter()
-        report = embed_missing(store, CHAT, embedder)
-        out["embedded_now"] = report.total
-        out["embed_s"] = round(time.perf_counter() - start, 1)
-        stats = store.stats(CHAT)
-    out["node_count"] = stats["node_count"]
-    out["stats"] = {k: v for k, v in stats.items() if isinstance(v, int | float | str | dict)}
+        _embed_chat(store, embedder, out, log)
     return out
 
 
