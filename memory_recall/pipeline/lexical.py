@@ -10,6 +10,9 @@ Writes
     ``state.bm25_hits = (index, score)``: active nodes of this snapshot among the index's hits, score = BM25
     score / the best hit's score (so in (0, 1], the best hit 1), ordered by score desc then node-id byte
     order. Meta ``bm25Hits`` (count). The trace notes list the query terms.
+    With ``turn_context_previous`` / ``turn_context_next`` > 0 (the default profile), the hits' scores are then
+    mixed over chat turns (:mod:`memory_recall.pipeline.turn_context`): a message turn next to a hit becomes a
+    hit, every active node with a positive mixed score is kept, best-relative again (trace ``turnContextHits``).
 Query terms
     :func:`memory_recall.text.tokenize.query_terms` of each lexical source (Latin words accent-folded, CJK
     bigrams, stop words dropped), concatenated without repeats in source order, at most
@@ -20,7 +23,7 @@ Not here
     candidates.
 Settings
     ``LexicalSettings``: ``enable_bm25``, ``bm25_top_k`` (hits asked from the index), ``bm25_max_terms``,
-    ``stem`` (stem method of index and query terms).
+    ``stem`` (stem method of index and query terms), ``turn_context_previous`` / ``turn_context_next``.
 Skip reasons
     ``bm25-disabled`` (settings; trace only), ``no-lexical-index`` (no provider), ``no-query-terms``.
 Notes
@@ -39,6 +42,7 @@ import numpy as np
 
 from memory_recall.pipeline._graph_cache import active_mask
 from memory_recall.pipeline.state import Providers, RecallState, TimedStage
+from memory_recall.pipeline.turn_context import with_turn_context
 from memory_recall.settings import LexicalSettings
 from memory_recall.store.snapshot import GraphSnapshot
 from memory_recall.text.tokenize import query_terms
@@ -118,6 +122,9 @@ class LexicalStage(TimedStage):
                                           float(self.settings.feedback_weight), snap.id_rank)
                 notes["feedbackTerms"] = expansion
                 notes["feedbackHits"] = len(second)
+        if idx.size and (self.settings.turn_context_previous > 0 or self.settings.turn_context_next > 0):
+            idx, scores = _with_turn_context(idx, scores, snap, act, self.settings)
+            notes["turnContextHits"] = int(idx.size)
         meta = state.with_meta(bm25Hits=int(idx.size))
         return state.evolve(bm25_hits=(idx, scores), meta=meta), {
             "score_kind": _SCORE_KIND,
@@ -180,3 +187,18 @@ def _merge_hits(
     np.maximum.at(best, inverse, all_scores)
     order = np.lexsort((id_rank[uniq], -best))
     return uniq[order], best[order]
+
+
+def _with_turn_context(
+    idx: np.ndarray, scores: np.ndarray, snap: GraphSnapshot, act: np.ndarray, settings: LexicalSettings
+) -> tuple[np.ndarray, np.ndarray]:
+    """The hits with turn context (pipeline.turn_context): each message turn's score averaged with its neighbours',
+    so the turn next to a hit becomes a hit; active nodes with a positive score, best-relative again, by score desc
+    then node-id byte order."""
+    dense = np.zeros(snap.n)
+    dense[idx] = scores
+    mixed = with_turn_context(dense, snap, settings.turn_context_previous, settings.turn_context_next)
+    rows = np.flatnonzero((mixed > 0) & act)
+    order = np.lexsort((snap.id_rank[rows], -mixed[rows]))
+    rows, values = rows[order], mixed[rows][order]
+    return rows, values / values[0]

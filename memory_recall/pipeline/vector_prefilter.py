@@ -16,8 +16,11 @@ Search
     One float32 product ``Q · Eᵀ`` for all queries (:func:`query_similarities`); per query keep cosine > 0
     among active nodes with a vector, the first ``topK`` by cosine desc (ties in graph order, as the
     reference's stable sort) via a sampled lower bound and a partition (:func:`top_k_per_query`); multiply
-    by the part weight. Merge (:func:`merge_vector_hits`): max weighted score per node (on equal
-    weighted scores the earlier query wins and gives the raw cosine), sort weighted desc then node id.
+    by the part weight. With ``VectorSettings.turn_context_previous`` / ``turn_context_next`` > 0 (the default
+    profile) a message turn's cosine is first averaged with its neighbouring turns'
+    (:mod:`memory_recall.pipeline.turn_context`; raw = that mixed cosine; other nodes unchanged). Merge
+    (:func:`merge_vector_hits`): max weighted score per node (on equal weighted scores the earlier query wins
+    and gives the raw cosine), sort weighted desc then node id.
 Failure policy (recall-spec departure 3, fixing §7 items 20–21)
     An :class:`~memory_recall.errors.EmbeddingUnavailable` from the embedder, a query vector whose dimension
     is not the snapshot's, or a snapshot whose vectors belong to another model than the embedder's (vectors of
@@ -26,7 +29,8 @@ Failure policy (recall-spec departure 3, fixing §7 items 20–21)
     timeout is paid once). With ``providers.strict`` a :class:`~memory_recall.errors.StrictModeViolation`
     wrapping the failure is raised instead. Success → ``VectorStatus("ok", True)``.
 Settings
-    ``VectorSettings.enabled``; ``SelectionSettings.top_k`` (k per query, merge limit ``max(2·topK, 24)``).
+    ``VectorSettings.enabled``, ``turn_context_previous``, ``turn_context_next``; ``SelectionSettings.top_k`` (k
+    per query, merge limit ``max(2·topK, 24)``).
 Skip reasons
     ``vector-disabled`` (settings; trace only, status ``disabled``), ``no-embedder`` (the reference reports
     ``vector-config-invalid`` for an unusable embedding config; status ``disabled``), ``no-vector-queries``,
@@ -55,6 +59,7 @@ from memory_recall.pipeline.state import (
     TimedStage,
     VectorStatus,
 )
+from memory_recall.pipeline.turn_context import with_turn_context
 from memory_recall.settings import SelectionSettings, VectorSettings
 
 __all__ = [
@@ -273,6 +278,8 @@ class VectorPrefilterStage(TimedStage):
 
         sims = query_similarities(snap.embeddings, q_matrix)
         k = self.selection.top_k
+        # Turn context (pipeline.turn_context): a chat turn's cosine averaged with its neighbours' (message nodes).
+        sims = with_turn_context(sims, snap, self.settings.turn_context_previous, self.settings.turn_context_next)
         per_query = [
             (idx, scores * weight, scores)
             for (idx, scores), (_, weight) in zip(top_k_per_query(sims, eligible, k), queries, strict=True)

@@ -37,7 +37,7 @@ def test_kind_weights_follow_the_switch() -> None:
     assert kind_weights(ref.scoring, ref.lexical, message=True) == kind_weights(ref.scoring, ref.lexical, message=False)
     on = settings(scoring={"message_weights": True})
     msg = kind_weights(on.scoring, on.lexical, message=True)
-    assert (msg.raw, msg.field_match, msg.time_decay, msg.neighbour_carry) == ((0.6, 3.0, 5.0, 0.1), 0.0, False, 0.8)
+    assert (msg.raw, msg.field_match, msg.time_decay, msg.neighbour_carry) == ((0.6, 3.0, 5.0, 0.1), 0.0, False, 0.7)
     off_boost = settings(scoring={"message_weights": True}, lexical={"enable_lexical_boost": False})
     assert kind_weights(off_boost.scoring, off_boost.lexical, message=True).lexical == 0.0
 
@@ -78,9 +78,9 @@ def test_mixed_rows_scored_by_kind_and_explained_with_their_weights() -> None:
     by_id = {snap.ids[i]: r for r, i in enumerate(table.index.tolist())}
     # The event keeps the reference's decayed score; the message turns have decay 1 and the message weights.
     assert table.decay[by_id["ev-1"]] < 1.0 and table.decay[by_id["msg:2"]] == 1.0
-    # msg:3 inherits 0.8 of msg:2's vector and lexical evidence (neighbour carry of message rows only).
-    assert table.vector_score[by_id["msg:3"]] == pytest.approx(0.8 * 0.6)
-    assert table.lexical_score[by_id["msg:3"]] == pytest.approx(0.8 * 0.5)
+    # msg:3 inherits 0.7 of msg:2's vector and lexical evidence (neighbour carry of message rows only).
+    assert table.vector_score[by_id["msg:3"]] == pytest.approx(0.7 * 0.6)
+    assert table.lexical_score[by_id["msg:3"]] == pytest.approx(0.7 * 0.5)
     assert table.vector_score[by_id["ev-1"]] == 0.6  # the event carries nothing from msg:2 (reference: no carry)
     for node_id, raw in (("ev-1", (0.6, 0.3, 0.18, 0.1)), ("msg:2", (0.6, 3.0, 5.0, 0.1))):
         expl = explain_row(snap, table, by_id[node_id], on.scoring, on.lexical)

@@ -842,7 +842,7 @@ class TestFusionAndNeighbourCarry:
             monkeypatch.delenv(name, raising=False)
         for profile in ("default", "transcript", None):
             cfg = load_settings(profile=profile)
-            assert (cfg.scoring.message_weights, cfg.scoring.message_neighbour_carry) == (True, 0.8)
+            assert (cfg.scoring.message_weights, cfg.scoring.message_neighbour_carry) == (True, 0.7)
             assert cfg.scoring.neighbour_carry == 0.0 and cfg.scoring.fusion == "hybrid"  # extracted: the reference
 
     def test_carry_lifts_the_reply_turn_and_parts_add_up(self) -> None:
