@@ -11,8 +11,9 @@ Usage::
    microseconds per text), so the embedding figure below is the bookkeeping, not a model.
 2. **Ingest.** For each of ``--events`` new messages, on two copies of that store, one message is ingested:
    ``full`` = the whole-chat read (``load_view``: every node of the chat, edges two rings out) + plan + write,
-   as before; ``targeted`` = ``ingest_messages`` as it is now (``load_view_targeted``). The two copies get the
-   same messages and must end in the same graph (checked, apart from nothing: byte-equal node/edge dumps).
+   as before; ``targeted`` = ``ingest_messages`` as it is now (``load_view_targeted`` with the store's ingest
+   cache, warm after the store's first event; the first timed event of the run is that cold one). The two copies
+   get the same messages and must end in the same graph (checked: byte-equal node/edge dumps).
 3. **embed_missing.** After each ingest, ``embed_missing`` with the fast embedder on each copy: ``full`` =
    the generic path (every node parsed), ``targeted`` = the store's ``embedding_status`` read plus the digest
    memo, warmed by one call before the timed events, as in a running service (that first call, which parses

@@ -81,9 +81,13 @@ nodes. :func:`ingest_messages` reads with :func:`load_view_targeted`: the charac
 planned message nodes, the edges around them (and one "lasting" edge per character/entity they touch instead of
 all of a speaker's edges), any other node only when the plan looks it up, and the chain as ``(seq, id, prev,
 next)`` tuples extracted by SQLite from the index column. So a one-message call parses O(touched) node and edge
-JSON; what stays O(chat) is that chain read (a scan of the chat's message rows in C) and the relink over the
-tuples in C-level ``zip``/``map`` (~50 ms CPU at 10k messages on a loaded machine, against ~0.5 s for the
-whole-chat :func:`load_view`; ``scripts/bench_ingest_event.py``). A batch of more than 200 messages reads the
+JSON. On a :class:`~memory_recall.store.sqlite.Store` the per-chat reads (character/entity nodes, the name maps
+planning derives from them, the chain) come from the store's ingest cache, exact at the chat's version and
+carried across this process's own writes (another process's write makes the next event read them again), and
+the chain is cut to a few links around the planned floors while its stored links are consistent; so a warm
+one-message event costs O(touched nodes) plus pointer copies of the owner list (``scripts/bench_after_write.py``,
+``ingest_ms``). The first event of a process on a chat, and the first after another process wrote it, read the
+chain and owners in full (a scan of the chat's message rows in C). A batch of more than 200 messages reads the
 whole chat once (cheaper than per-node reads). Everything is written in one transaction; new edges are built
 without re-validation, the one hot-path shortcut.
 """
@@ -268,11 +272,19 @@ class GraphView:
     takes over and the message nodes at their other ends, and, per character/entity at their other ends, the
     edge of :meth:`~memory_recall.store.sqlite.StoreReader.lasting_edge` (whether it keeps an active edge the
     plan does not touch). A plan on it equals the plan on the full view.
+
+    Cut chain (``runs`` set, ``chain`` unset; what :func:`load_view_targeted` reads from a store whose stored
+    chain links all agree with the ``(seq, id)`` order): ``runs`` holds ``(at_start, at_end, links)`` pieces of
+    that chain around every planned message node's old and new position, each bounded by a node the plan does
+    not touch (or by an end of the chain); relinking inside them equals relinking the whole chain. ``names``
+    (optional, with ``nodes``) holds the name maps the planner would derive from every character/entity node.
     """
 
     nodes: Mapping[str, Node] = field(default_factory=dict)
     edges: Mapping[str, Edge] = field(default_factory=dict)
     chain: tuple[tuple[int, str, str | None, str | None], ...] | None = None
+    runs: tuple[Any, ...] | None = None
+    names: _NameMaps | None = None
 
     @classmethod
     def of(cls, nodes: Iterable[Node], edges: Iterable[Edge] = ()) -> GraphView:
@@ -358,6 +370,141 @@ def _summary(message: ChatMessage) -> str:
     return message.text + "".join(f" [image: {c.strip()}]" for c in message.attachments if c.strip())
 
 
+@dataclass(frozen=True)
+class _NameMaps:
+    """What planning derives from a chat's character and entity nodes (see :class:`_OwnerNames`).
+
+    ``speakers``: folded name → id of the first (by id) ``char:`` character with a non-blank name;
+    ``names_by_key``: folded name → clean spelling of the first ``char:`` character with a string name;
+    ``any_speakers``: the folded names of every character node; ``persona_taken``: a ``char:`` character is the
+    user persona; ``entities_non_latin``: names of active ``ent:`` entities without Latin capitals, by id;
+    ``firsts``: :func:`_first_names` of ``speakers``; ``known``: the :class:`KnownNames` a plan starts from when
+    its batch brings no new speaker (characters, unique first names, non-Latin entities, in the planner's order).
+    """
+
+    speakers: Mapping[str, str]
+    names_by_key: Mapping[str, str]
+    any_speakers: frozenset[str]
+    persona_taken: bool
+    entities_non_latin: tuple[str, ...]
+    firsts: Mapping[str, str]
+    known: KnownNames
+
+
+_NO_FACTS: tuple[Any, ...] = (None, None, None, False, None)
+
+
+def _owner_facts(nid: str, n: Node | None) -> tuple[Any, ...]:
+    """``(speaker key, (name key, clean name), any-speaker key, persona, non-Latin entity name)`` of one node:
+    the parts of the planner's name maps it contributes (``None``/``False`` where it contributes nothing)."""
+    if n is None:
+        return _NO_FACTS
+    if n.type == "character":
+        any_key = fold_name(str(n.fields.get("name", "")))
+        if not nid.startswith("char:"):
+            return (None, None, any_key, False, None)
+        name = n.fields.get("name")
+        persona = n.fields.get("core_note") == PERSONA_NOTE
+        if not isinstance(name, str):
+            return (None, None, any_key, persona, None)
+        key = fold_name(name)
+        return (key if name.strip() else None, (key, _clean_name(name)), any_key, persona, None)
+    if n.type == "entity" and nid.startswith("ent:") and not n.archived:
+        name = n.fields.get("name")
+        if isinstance(name, str) and _non_latin(name):
+            return (None, None, None, False, name)
+    return _NO_FACTS
+
+
+class _OwnerNames:
+    """The planner's name maps over a chat's character/entity nodes, kept up to date node by node (the store's
+    ingest cache calls :meth:`update` for each written owner node), so an event does not loop over every owner.
+    :meth:`snapshot` is rebuilt only after a change that alters a name map (a new speaker, a new non-Latin
+    entity), not after the floor-range updates every event makes."""
+
+    def __init__(self, nodes: Iterable[Node]) -> None:
+        self._speaker_ids: dict[str, list[str]] = {}
+        self._name_ids: dict[str, list[tuple[str, str]]] = {}
+        self._any: dict[str, int] = {}
+        self._persona = 0
+        self._non_latin: dict[str, str] = {}
+        self._non_latin_ids: list[str] = []
+        self._snap: _NameMaps | None = None
+        for n in nodes:
+            self._add(n.id, _owner_facts(n.id, n))
+
+    def update(self, node_id: str, old: Node | None, new: Node | None) -> None:
+        """One owner node changed (``None``: absent)."""
+        before, after = _owner_facts(node_id, old), _owner_facts(node_id, new)
+        if before == after:
+            return
+        self._remove(node_id, before)
+        self._add(node_id, after)
+        self._snap = None
+
+    def _add(self, nid: str, facts: tuple[Any, ...]) -> None:
+        speaker, name_key, any_key, persona, non_latin = facts
+        if speaker is not None:
+            bisect.insort(self._speaker_ids.setdefault(speaker, []), nid)
+        if name_key is not None:
+            bisect.insort(self._name_ids.setdefault(name_key[0], []), (nid, name_key[1]))
+        if any_key is not None:
+            self._any[any_key] = self._any.get(any_key, 0) + 1
+        self._persona += persona
+        if non_latin is not None:
+            self._non_latin[nid] = non_latin
+            bisect.insort(self._non_latin_ids, nid)
+
+    def _remove(self, nid: str, facts: tuple[Any, ...]) -> None:
+        speaker, name_key, any_key, persona, non_latin = facts
+        if speaker is not None:
+            ids = self._speaker_ids[speaker]
+            ids.remove(nid)
+            if not ids:
+                del self._speaker_ids[speaker]
+        if name_key is not None:
+            pairs = self._name_ids[name_key[0]]
+            pairs.remove((nid, name_key[1]))
+            if not pairs:
+                del self._name_ids[name_key[0]]
+        if any_key is not None:
+            self._any[any_key] -= 1
+            if not self._any[any_key]:
+                del self._any[any_key]
+        self._persona -= persona
+        if non_latin is not None:
+            del self._non_latin[nid]
+            self._non_latin_ids.remove(nid)
+
+    def snapshot(self) -> _NameMaps:
+        """The current maps (one object until the next change of a name map; planners copy what they mutate)."""
+        if self._snap is None:
+            # In id order, as the planner's setdefault over sorted node ids builds them.
+            speakers = {key: ids[0] for key, ids in sorted(self._speaker_ids.items(), key=lambda kv: kv[1][0])}
+            names_by_key = {key: pairs[0][1]
+                            for key, pairs in sorted(self._name_ids.items(), key=lambda kv: kv[1][0][0])}
+            non_latin = tuple(self._non_latin[nid] for nid in self._non_latin_ids)
+            firsts = _first_names(speakers)
+            self._snap = _NameMaps(speakers, names_by_key, frozenset(self._any), self._persona > 0, non_latin,
+                                   firsts, _base_known(names_by_key, firsts, non_latin))
+        return self._snap
+
+
+def _base_known(names_by_key: Mapping[str, str], firsts: Mapping[str, str],
+                non_latin: Iterable[str]) -> KnownNames:
+    """The known names every plan starts from: character names by folded name, unique first names, non-Latin
+    entity names (in that order: the first spelling of a name is the one reported)."""
+    known = KnownNames()
+    for key in sorted(names_by_key):
+        known.add(names_by_key[key])
+    for first in sorted(firsts):
+        full_name = names_by_key.get(firsts[first], firsts[first])
+        known.add(full_name.split(" ")[0])
+    for name in non_latin:
+        known.add(name)
+    return known
+
+
 class _Planner:
     """Working state of one plan: current nodes/edges, their changes, and the name maps."""
 
@@ -369,6 +516,8 @@ class _Planner:
         self.before_nodes: Mapping[str, Node] = view.nodes
         self.before_edges: Mapping[str, Edge] = view.edges
         self.chain = view.chain
+        self.runs = view.runs
+        self.names = view.names
         self.nodes: dict[str, Node] = {}
         self.edges: dict[str, Edge] = {}
         self.adj: dict[str, list[str]] = {}
@@ -380,7 +529,11 @@ class _Planner:
         self.speakers: dict[str, str] = {}
         self.entities_non_latin: list[str] = []
         self.persona_taken = False
-        for nid in sorted(view.nodes):
+        if view.names is not None:
+            self.speakers = dict(view.names.speakers)
+            self.entities_non_latin = list(view.names.entities_non_latin)
+            self.persona_taken = view.names.persona_taken
+        for nid in sorted(view.nodes) if view.names is None else ():
             n = view.nodes[nid]
             if n.type == "character" and nid.startswith("char:"):
                 name = n.fields.get("name")
@@ -585,25 +738,26 @@ def _plan_upserts(p: _Planner, messages: list[ChatMessage]) -> None:
     new_speakers = {k: v for k, v in batch_speakers.items() if k not in p.speakers}
     for key, name in new_speakers.items():
         p.speakers[key] = character_id(name)
-    firsts = _first_names(p.speakers)
+    if p.names is not None and not new_speakers:
+        # The stored speakers only: the known names are those every such plan starts from.
+        firsts: Mapping[str, str] = p.names.firsts
+        known = p.names.known.copy()
+    else:
+        firsts = _first_names(p.speakers)
+        names_by_key: dict[str, str] = {}
+        if p.names is not None:
+            names_by_key.update(p.names.names_by_key)
+        else:
+            for nid in sorted(p.before_nodes):
+                n = p.before_nodes[nid]
+                if n.type == "character" and nid.startswith("char:") and isinstance(n.fields.get("name"), str):
+                    names_by_key.setdefault(fold_name(n.fields["name"]), _clean_name(n.fields["name"]))
+        for key, name in batch_speakers.items():
+            names_by_key.setdefault(key, name)
+        known = _base_known(names_by_key, firsts, p.entities_non_latin)
     target_of: dict[str, str] = dict(p.speakers)
     for first, full in firsts.items():
         target_of.setdefault(first, p.speakers[full])
-    known = KnownNames()
-    names_by_key: dict[str, str] = {}
-    for nid in sorted(p.before_nodes):
-        n = p.before_nodes[nid]
-        if n.type == "character" and nid.startswith("char:") and isinstance(n.fields.get("name"), str):
-            names_by_key.setdefault(fold_name(n.fields["name"]), _clean_name(n.fields["name"]))
-    for key, name in batch_speakers.items():
-        names_by_key.setdefault(key, name)
-    for key in sorted(names_by_key):
-        known.add(names_by_key[key])
-    for first in sorted(firsts):
-        full_name = names_by_key.get(firsts[first], firsts[first])
-        known.add(full_name.split(" ")[0])
-    for name in p.entities_non_latin:
-        known.add(name)
     # Han names the batch keeps repeating (no capitals to find them by); once they are entities, later one-message
     # ingests know them as non-Latin entity names.
     for name in recurring_names(_summary(m) for m in messages):
@@ -752,6 +906,9 @@ def _plan_retirements(p: _Planner, floors: Iterable[int]) -> None:
 
 
 def _relink_chain(p: _Planner) -> None:
+    if p.runs is not None:
+        _relink_runs(p, p.runs)
+        return
     if p.chain is not None:
         _relink_stored_chain(p, p.chain)
         return
@@ -801,6 +958,45 @@ def _relink_stored_chain(p: _Planner, chain: Sequence[tuple[int, str, str | None
         n = p.node(ids[i])
         assert n is not None
         p.put_node(n.model_copy(update={"prev_id": prevs[i], "next_id": nexts[i], "updated_at": p.now}))
+
+
+def _relink_runs(p: _Planner, runs: Sequence[Any]) -> None:
+    """:func:`_relink_chain` on a cut chain (``GraphView.runs``): the stored links agree with the order outside
+    the runs, so relinking each run (its outer ends kept) equals relinking the whole chain. O(changed nodes)."""
+    changed = sorted(p.nodes)
+    placed: set[str] = set()
+    for at_start, at_end, items in runs:
+        order = [(seq, nid) for seq, nid, _, _ in items]
+        links = {nid: (prev, nxt) for _, nid, prev, nxt in items}
+        # Outside an inner run's ends nothing changes: a changed node belongs to the run it falls strictly inside.
+        low = None if at_start or not order else order[0]
+        high = None if at_end or not order else order[-1]
+        outer = (None if at_start or not items else items[0][2], None if at_end or not items else items[-1][3])
+        for nid in changed:
+            cur = p.nodes[nid]
+            if nid in links:
+                order.remove(next(k for k in order if k[1] == nid))
+                del links[nid]
+            if cur.type == "message" and not cur.archived:
+                key = (cur.seq, nid)
+                if (low is None or key > low) and (high is None or key < high):
+                    bisect.insort(order, key)
+                    links[nid] = (cur.prev_id, cur.next_id)
+                    placed.add(nid)
+        if not order:
+            continue
+        ids = [nid for _, nid in order]
+        prevs: list[str | None] = [outer[0], *ids[:-1]]
+        nexts: list[str | None] = [*ids[1:], outer[1]]
+        for i, nid in enumerate(ids):
+            if links[nid] != (prevs[i], nexts[i]):
+                n = p.node(nid)
+                assert n is not None
+                p.put_node(n.model_copy(update={"prev_id": prevs[i], "next_id": nexts[i], "updated_at": p.now}))
+    lost = [nid for nid in changed if nid not in placed and p.nodes[nid].type == "message"
+            and not p.nodes[nid].archived]
+    if lost:
+        raise AssertionError(f"cut chain misses the planned message nodes {lost}")
 
 
 def _archive_orphans(p: _Planner) -> None:
@@ -878,7 +1074,9 @@ class _NodesOnDemand(Mapping[str, Node]):
     def __init__(self, reader: _TargetedReader, chat_id: str, nodes: Iterable[Node]) -> None:
         self._reader = reader
         self._chat_id = chat_id
-        self._known: dict[str, Node | None] = {n.id: n for n in nodes}
+        listed = list(nodes)
+        # Built in C: a warm event passes every owner node of the chat (thousands on a large chat).
+        self._known: dict[str, Node | None] = dict(zip(map(operator.attrgetter("id"), listed), listed, strict=True))
 
     def remember(self, nodes: Iterable[Node]) -> None:
         """Add nodes read elsewhere (in the same read transaction)."""
@@ -908,7 +1106,7 @@ class _NodesOnDemand(Mapping[str, Node]):
 
 
 def load_view_targeted(reader: Any, chat_id: str, messages: Sequence[ChatMessage] = (),
-                       floors: Iterable[int] = ()) -> GraphView:
+                       floors: Iterable[int] = (), *, full_chain: bool = False) -> GraphView:
     """What planning ``messages`` (and deleting ``floors``) needs, read in O(touched nodes) rather than O(chat).
 
     Reads the chat's character and entity nodes, the planned message nodes, the stored message chain (one
@@ -917,17 +1115,43 @@ def load_view_targeted(reader: Any, chat_id: str, messages: Sequence[ChatMessage
     any other node is read when the plan looks it up. The plan on this view equals the plan on
     :func:`load_view` (see :class:`GraphView`). Falls back to :func:`load_view` when ``reader`` lacks the
     targeted reads or more than ``_EDGE_READ_LIMIT`` nodes are touched (a bulk batch: one full read is cheaper).
+
+    With a store reader that has ``ingest_base`` (:class:`~memory_recall.store.sqlite.Store`), the owner nodes,
+    the name maps derived from them and the chain come from the store's per-chat ingest cache (exact: see
+    :class:`~memory_recall.store.sqlite.IngestCache`), and the chain is cut to the runs around the planned
+    message nodes when its stored links are consistent (``full_chain=True``: always the whole chain, as
+    :func:`plan_sync` needs). Then one event costs O(touched nodes), not O(chat).
     """
     if not all(hasattr(reader, a) for a in ("get_node", "get_nodes_by_type", "message_chain", "lasting_edge")):
         return load_view(reader, chat_id, messages, floors)
+    floors = list(floors)
     touched = list(dict.fromkeys([message_id(m.floor) for m in messages] + [message_id(f) for f in floors]))
     if len(touched) > _EDGE_READ_LIMIT:
         return load_view(reader, chat_id, messages, floors)
-    owners = reader.get_nodes_by_type(chat_id, ("character", "entity"))
-    nodes = _NodesOnDemand(reader, chat_id, [*owners, *reader.get_nodes(chat_id, touched)])
+    planned = reader.get_nodes(chat_id, touched)
+    names: _NameMaps | None = None
+    runs: tuple[Any, ...] | None = None
+    if hasattr(reader, "ingest_base"):
+        # Where the planned message nodes are (their stored keys) and will be (their floors).
+        anchors = [(m.floor, message_id(m.floor)) for m in messages] + [(f, message_id(f)) for f in floors]
+        anchors += [(n.seq, n.id) for n in planned if n.type == "message"]
+        base = reader.ingest_base(chat_id, anchors, derive=_OwnerNames)
+        owners = base.owners
+        names = base.derived
+        assert names is not None
+        speakers: Collection[str] = names.any_speakers
+        if base.runs is not None and not full_chain:
+            runs = tuple((r.at_start, r.at_end, r.links) for r in base.runs)
+            chain = None
+        else:
+            chain = base.chain if base.chain is not None else tuple(reader.message_chain(chat_id))
+    else:
+        owners = reader.get_nodes_by_type(chat_id, ("character", "entity"))
+        speakers = {fold_name(str(n.fields.get("name", ""))) for n in owners if n.type == "character"}
+        chain = None
+    nodes = _NodesOnDemand(reader, chat_id, [*owners, *planned])
     seeds = [mid for mid in touched if mid in nodes]
     # As load_view: speakers known by any character node, candidates by any node of the id.
-    speakers = {fold_name(str(n.fields.get("name", ""))) for n in owners if n.type == "character"}
     seeds.extend(_unknown_speaker_entities(messages, speakers, nodes))
     seeds = list(dict.fromkeys(seeds))
     edges: dict[str, Edge] = {}
@@ -954,7 +1178,9 @@ def load_view_targeted(reader: Any, chat_id: str, messages: Sequence[ChatMessage
             e = reader.lasting_edge(chat_id, nid, seeds)
             if e is not None:
                 edges[e.id] = e
-    return GraphView(nodes, edges, tuple(reader.message_chain(chat_id)))
+    if runs is None and chain is None:
+        chain = tuple(reader.message_chain(chat_id))
+    return GraphView(nodes, edges, chain, runs=runs, names=names)
 
 
 class _NothingToWrite(Exception):
@@ -1130,6 +1356,8 @@ def plan_sync(messages: Sequence[ChatMessage], existing: GraphView | None, now_m
     keep = [m for m in ordered if m.role != "system"]
     drop = [m.floor for m in ordered if m.role == "system"]
     end = len(ordered)
+    if existing is not None and existing.runs is not None:
+        raise InputError("existing", "a sync plan needs the whole chain, not a cut one (full_chain=True)")
     if existing is not None:
         if existing.chain is not None:
             drop.extend(seq for seq, _, _, _ in existing.chain if seq >= end)
@@ -1156,10 +1384,11 @@ def sync_messages(store: Any, chat_id: str, messages: Sequence[ChatMessage], *, 
                              f"a whole chat holds floors 0 to {len(batch) - 1} once each; floor {i} is missing")
     with store.read() as r:
         tail = [seq for seq, _ in r.message_floors_from(chat_id, len(batch))]
-    return _apply(store, chat_id, lambda view: plan_sync(batch, view, now_ms), {"messages": batch, "floors": tail})
+    return _apply(store, chat_id, lambda view: plan_sync(batch, view, now_ms),
+                  {"messages": batch, "floors": tail, "full_chain": True})
 
 
-def _unknown_speaker_entities(messages: Sequence[Any], speakers: set[str], nodes: Any) -> list[str]:
+def _unknown_speaker_entities(messages: Sequence[Any], speakers: Collection[str], nodes: Any) -> list[str]:
     """Entity ids (full name, then first name) present in ``nodes`` for speakers no character node names."""
     found: list[str] = []
     for m in messages:

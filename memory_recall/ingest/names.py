@@ -271,6 +271,16 @@ class KnownNames:
     def __len__(self) -> int:
         return len(self._seen)
 
+    def copy(self) -> KnownNames:
+        """An independent index with the same names in the same order (and the same compiled pattern, which is
+        immutable): adding to the copy leaves this one unchanged."""
+        other = KnownNames()
+        other._latin = dict(self._latin)
+        other._latin_re = self._latin_re
+        other._by_first_char = {ch: list(bucket) for ch, bucket in self._by_first_char.items()}
+        other._seen = set(self._seen)
+        return other
+
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and fold_name(name) in self._seen
 

@@ -40,7 +40,7 @@ import numpy as np
 from memory_recall.pipeline._graph_cache import active_mask, cached
 from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import AnchorSettings
-from memory_recall.store.snapshot import GraphSnapshot
+from memory_recall.store.snapshot import GraphSnapshot, StructureChange
 from memory_recall.text.mentions import fold, term_at_boundaries
 from memory_recall.text.normalize import normalize_query
 
@@ -88,7 +88,32 @@ def _folded_anchors(snapshot: GraphSnapshot) -> _FoldedAnchors:
             single=frozenset(single),
         )
 
-    value, _ = cached(snapshot, ("anchors", "folded-index"), build)
+    def update(previous: _FoldedAnchors, change: StructureChange) -> _FoldedAnchors | None:
+        # An append only adds the new nodes (last in graph order) to their terms' lists, and new terms last.
+        if not change.appended_only:
+            return None
+        added: dict[str, list[int]] = {}
+        for i in range(change.appended, change.n_new):
+            if not snapshot.archived[i]:
+                for term in snapshot.anchor_terms[i]:
+                    added.setdefault(fold(term), []).append(i)
+        if not added:
+            return previous
+        index = dict(previous.index)
+        lengths = {k: set(v) for k, v in previous.lengths_by_prefix.items() if k in {t[:2] for t in added}}
+        prefixes = dict(previous.lengths_by_prefix)
+        single = set(previous.single)
+        for term, nodes in added.items():
+            index[term] = tuple(sorted({*index.get(term, ()), *nodes}))
+            if len(term) > 1:
+                lengths.setdefault(term[:2], set()).add(len(term))
+            elif len(term) == 1:
+                single.add(term)
+        for k, v in lengths.items():
+            prefixes[k] = tuple(sorted(v, reverse=True))
+        return _FoldedAnchors(index=index, lengths_by_prefix=prefixes, single=frozenset(single))
+
+    value, _ = cached(snapshot, ("anchors", "folded-index"), build, update)
     return value
 
 

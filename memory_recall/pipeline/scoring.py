@@ -113,7 +113,7 @@ from memory_recall.pipeline.state import (
 from memory_recall.pipeline.temporal import time_cue_weights
 from memory_recall.pipeline.vector_prefilter import query_similarities
 from memory_recall.settings import ContextSettings, LexicalSettings, ScoringSettings
-from memory_recall.store.snapshot import TENSE_CODE, GraphSnapshot, SnapshotStructure
+from memory_recall.store.snapshot import TENSE_CODE, GraphSnapshot, SnapshotStructure, StructureChange
 from memory_recall.text.normalize import normalize_query
 
 __all__ = [
@@ -350,16 +350,7 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
         owner_name_code = _encode(snapshot.scope_owner_name, vocab, lower=True)
         region_primary_code = _encode(snapshot.region_primary, vocab, lower=True)
         token_codes = _encode(tokens, vocab, lower=True)
-        point = _orders(order, snapshot.segment_id)
-        span_start = _orders(order, snapshot.span_start_segment)
-        span_end = _orders(order, snapshot.span_end_segment)
-        start = np.where(np.isnan(span_start), point, span_start)
-        end = np.where(np.isnan(span_end), point, span_end)
-        known = ~np.isnan(start) & ~np.isnan(end)
-        tense = snapshot.tense_code
-        rule = np.full(snapshot.n, _BY_SEGMENT, dtype=np.int8)
-        rule[(tense == _TENSE_FUTURE) | (tense == _TENSE_HYPOTHETICAL)] = 1
-        rule[~(snapshot.has_story_label | snapshot.has_span_label)] = 0
+        rule, start_order, end_order, flashback = _temporal_parts(snapshot, order, None)
         return _SnapshotArrays(
             ids=ids,
             vocab=vocab,
@@ -371,17 +362,150 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
             token_matrix=_token_matrix(token_codes, offsets, lens),
             segment_order=order,
             temporal_rule=rule,
-            start_order=np.where(known, start, np.nan),
-            end_order=np.where(known, end, np.nan),
-            flashback_tense=tense == _TENSE_FLASHBACK,
+            start_order=start_order,
+            end_order=end_order,
+            flashback_tense=flashback,
             gate_code=_gate_codes(snapshot),
             visibility=_rounded_visibility(snapshot),
             labels={},
             temporal_memo={},
         )
 
-    value, _ = cached(snapshot, ("scoring-arrays",), build)
+    def update(prev: _SnapshotArrays, change: StructureChange) -> _SnapshotArrays | None:
+        # Only what the changed rows hold is coded again; the vocabulary must come out as a build's (same strings
+        # in the same first-occurrence order), else build.
+        if not change.appended_only or change.state_changed:
+            return None
+        rewritten = change.rewritten
+        rows = np.concatenate([rewritten, np.arange(change.appended, change.n_new, dtype=np.int64)])
+        rl = rows.tolist()
+        vocab = prev.vocab
+        # A string of a changed row keeps a build's code when an old row of this column or of an earlier one
+        # (_encode order) holds it: below that column's end of the vocabulary.
+        ends = np.maximum.accumulate([
+            int(a.max()) + 1 if a.size else 0
+            for a in (prev.owner_key_code, prev.owner_name_code, prev.region_primary_code, prev.token_flat_code)
+        ])
+        lens = np.fromiter(map(len, map(snapshot.region_tokens.__getitem__, rl)), dtype=np.int64, count=len(rl))
+        columns = (
+            ([snapshot.scope_owner_key[i] for i in rl], False),
+            (list(map(snapshot.scope_owner_name.__getitem__, rl)), True),
+            (list(map(snapshot.region_primary.__getitem__, rl)), True),
+            (list(itertools.chain.from_iterable(map(snapshot.region_tokens.__getitem__, rl))), True),
+        )
+        coded: list[np.ndarray] = []
+        for (values, lower), end in zip(columns, ends.tolist(), strict=True):
+            out = np.empty(len(values), dtype=np.int32)
+            for j, v in enumerate(values):
+                if not isinstance(v, str):
+                    return None
+                key = v.lower() if lower else v
+                code = vocab.get(key)
+                if code is None or code >= end or (lower and (len(key) != len(v) or "\x00" in v)):
+                    return None
+                out[j] = code
+            coded.append(out)
+        key_c, name_c, region_c, token_c = coded
+        k = rewritten.size
+        old_lens = np.diff(prev.token_offsets)[rewritten]
+        if k and not (
+            np.array_equal(key_c[:k], prev.owner_key_code[rewritten])
+            and np.array_equal(name_c[:k], prev.owner_name_code[rewritten])
+            and np.array_equal(region_c[:k], prev.region_primary_code[rewritten])
+            and np.array_equal(lens[:k], old_lens)
+        ):
+            return None  # a rewritten node's strings changed: one may have left the graph
+        split = int(lens[:k].sum())
+        for j, i in enumerate(rewritten.tolist()):
+            lo, hi = prev.token_offsets[i], prev.token_offsets[i + 1]
+            at = int(lens[:j].sum())
+            if not np.array_equal(token_c[at:at + hi - lo], prev.token_flat_code[lo:hi]):
+                return None
+        add_lens = lens[k:]
+        add_tokens = token_c[split:]
+        offsets = np.concatenate([prev.token_offsets, prev.token_offsets[-1] + np.cumsum(add_lens)])
+        flat = np.concatenate([prev.token_flat_code, add_tokens])
+        if prev.token_matrix is None:
+            matrix = None
+        else:
+            width = max(prev.token_matrix.shape[1], int(add_lens.max()) if add_lens.size else 0)
+            if width > MAX_TOKEN_COLUMNS:
+                matrix = None
+            else:
+                tail = _token_matrix(add_tokens, np.concatenate([[0], np.cumsum(add_lens)]), add_lens)
+                assert tail is not None
+                old = prev.token_matrix
+                if old.shape[1] < width:
+                    old = np.concatenate([old, np.full((old.shape[0], width - old.shape[1]), -1, np.int32)], axis=1)
+                if tail.shape[1] < width:
+                    tail = np.concatenate([tail, np.full((tail.shape[0], width - tail.shape[1]), -1, np.int32)], axis=1)
+                matrix = np.concatenate([old, tail])
+        new_ids = np.empty(change.n_new - change.appended, dtype=object)
+        new_ids[:] = snapshot.ids[change.appended:]
+        order = prev.segment_order
+        rule, start_order, end_order, flashback = _temporal_parts(snapshot, order, rows)
+
+        def spliced(old: np.ndarray, part: np.ndarray) -> np.ndarray:
+            out = np.concatenate([old, part[k:]])
+            out[rewritten] = part[:k]
+            return out
+
+        rewritten_set = set(rewritten.tolist())
+        return _SnapshotArrays(
+            ids=np.concatenate([prev.ids, new_ids]),
+            vocab=vocab,
+            owner_key_code=spliced(prev.owner_key_code, key_c),
+            owner_name_code=spliced(prev.owner_name_code, name_c),
+            region_primary_code=spliced(prev.region_primary_code, region_c),
+            token_flat_code=flat,
+            token_offsets=offsets,
+            token_matrix=matrix,
+            segment_order=order,
+            temporal_rule=spliced(prev.temporal_rule, rule),
+            start_order=spliced(prev.start_order, start_order),
+            end_order=spliced(prev.end_order, end_order),
+            flashback_tense=spliced(prev.flashback_tense, flashback),
+            gate_code=_gate_codes(snapshot),
+            visibility=_rounded_visibility(snapshot),
+            # Labels of the nodes the delta did not rewrite stand (same node, same position).
+            labels={i: v for i, v in prev.labels.items() if i not in rewritten_set},
+            temporal_memo={},
+        )
+
+    value, _ = cached(snapshot, ("scoring-arrays",), build, update)
     return value
+
+
+def _temporal_parts(
+    snapshot: GraphSnapshot, order: dict[str, int], rows: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The story-time columns of :class:`_SnapshotArrays` (``temporal_rule``, ``start_order``, ``end_order``,
+    ``flashback_tense``) for the nodes at ``rows`` (every node when None)."""
+    segment: Sequence[str]
+    span_s: Sequence[str]
+    span_e: Sequence[str]
+    if rows is None:
+        segment, span_s, span_e = snapshot.segment_id, snapshot.span_start_segment, snapshot.span_end_segment
+        tense = snapshot.tense_code
+        labelled = snapshot.has_story_label | snapshot.has_span_label
+    else:
+        rl = rows.tolist()
+        segment, span_s, span_e = (
+            [col[i] for i in rl]
+            for col in (snapshot.segment_id, snapshot.span_start_segment, snapshot.span_end_segment)
+        )
+        tense = snapshot.tense_code[rows]
+        labelled = snapshot.has_story_label[rows] | snapshot.has_span_label[rows]
+    point = _orders(order, segment)
+    span_start = _orders(order, span_s)
+    span_end = _orders(order, span_e)
+    start = np.where(np.isnan(span_start), point, span_start)
+    end = np.where(np.isnan(span_end), point, span_end)
+    known = ~np.isnan(start) & ~np.isnan(end)
+    rule = np.full(tense.size, _BY_SEGMENT, dtype=np.int8)
+    rule[(tense == _TENSE_FUTURE) | (tense == _TENSE_HYPOTHETICAL)] = 1
+    rule[~labelled] = 0
+    return rule, np.where(known, start, np.nan), np.where(known, end, np.nan), tense == _TENSE_FLASHBACK
 
 
 #: Node labels kept per snapshot before the label table is emptied.
@@ -415,8 +539,13 @@ def _field_table(snapshot: GraphSnapshot) -> PackedFieldTable:
     The scores equal what :func:`~memory_recall.pipeline.kernels.lexical.lexical_score` computes from the node's
     fields on every call (tested); only the normalisation work is saved.
     """
+    def update(previous: PackedFieldTable, change: StructureChange) -> PackedFieldTable:
+        # The nodes a delta kept and did not rewrite have the same fields: their packed rows are carried.
+        old, new = change.carried()
+        return previous.carried(snapshot.n, old, new)
+
     table, _ = cached(
-        snapshot, ("lexical-fields",), lambda: PackedFieldTable(snapshot.n, MAX_PREPARED_NODES)
+        snapshot, ("lexical-fields",), lambda: PackedFieldTable(snapshot.n, MAX_PREPARED_NODES), update
     )
     return table
 

@@ -705,6 +705,45 @@ class SnapshotDelta:
         )
 
 
+class _RowBuffer:
+    """A float32 matrix with spare rows, shared by the vector matrices of a chain of appending deltas: each
+    snapshot's matrix is a leading view (``data[:n]``); an append writes the next rows in place and hands out a
+    longer view, so the older snapshots (shorter views) never see them. Only the holder of the longest view may
+    append (:meth:`appended`); any other caller copies."""
+
+    __slots__ = ("_lock", "_used", "data")
+
+    #: Spare rows on (re)allocation: an eighth of the rows, at least 256 (appends are one message at a time).
+    _SPARE_FRACTION = 8
+    _SPARE_MIN = 256
+
+    def __init__(self, data: np.ndarray, used: int) -> None:
+        self.data = data
+        self._used = used
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, matrix: np.ndarray, extra: int) -> _RowBuffer:
+        """A buffer holding a copy of ``matrix`` followed by ``extra`` zero rows (its longest view: ``data[:n +
+        extra]``), with spare rows after them."""
+        n = matrix.shape[0]
+        data = np.empty((n + extra + max(cls._SPARE_MIN, n // cls._SPARE_FRACTION), matrix.shape[1]), np.float32)
+        data[:n] = matrix
+        data[n:n + extra] = 0.0
+        return cls(data, n + extra)
+
+    def appended(self, view: np.ndarray, extra: int) -> np.ndarray | None:
+        """``view`` with ``extra`` zero rows appended, written in place; ``None`` when ``view`` is not this
+        buffer's longest view or the spare rows are too few."""
+        with self._lock:
+            n = view.shape[0]
+            if n != self._used or view.base is not self.data or n + extra > self.data.shape[0]:
+                return None
+            self.data[n:n + extra] = 0.0
+            self._used = n + extra
+            return self.data[:n + extra]
+
+
 @dataclass(frozen=True, eq=False)
 class _DeltaBase:
     """What :func:`apply_delta` needs of a snapshot beside its arrays: the node rowids (node order), the index
@@ -715,6 +754,28 @@ class _DeltaBase:
     columns: dict[str, Any]
     edges: EdgeColumns
     edge_rowids: np.ndarray
+    #: ``prev_id``/``next_id`` → id → positions of the nodes whose link names that id while no node has it (see
+    #: :meth:`dangling_links`); shared along a chain of appends, which only add to it.
+    _dangling: dict[str, dict[str, list[int]]] | None = None
+    #: The buffer the snapshot's vector matrix is a leading view of, when a delta appended rows to it.
+    vectors: _RowBuffer | None = None
+
+    def dangling_links(self, snap: GraphSnapshot) -> dict[str, dict[str, list[int]]]:
+        """For ``prev_id`` and ``next_id``: each id that a node's link names but no node of ``snap`` has → the
+        positions of those nodes (a superset: entries whose position no longer names that id, or that resolved,
+        stay; a reader checks the column). Built on first use (one pass over the unresolved links), then kept."""
+        if self._dangling is None:
+            out: dict[str, dict[str, list[int]]] = {}
+            for name, resolved in (("prev_id", snap.prev_index), ("next_id", snap.next_index)):
+                col = self.columns[name]
+                links: dict[str, list[int]] = {}
+                for i in np.flatnonzero(resolved < 0).tolist():
+                    if col[i]:
+                        links.setdefault(col[i], []).append(i)
+                out[name] = links
+            object.__setattr__(self, "_dangling", out)
+        assert self._dangling is not None
+        return self._dangling
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -866,7 +927,9 @@ class StructureChange:
     with ``update``): ``remap[i]`` is the new position of the parent's node ``i`` (−1: deleted); nodes at
     ``rewritten`` (new positions) were rewritten in place; the nodes from ``appended`` on are new;
     ``state_changed`` when the chat state (knowledge, regions, timeline, …) was written; ``edges_changed`` when
-    an edge was written or deleted, or the edge horizon moved."""
+    an edge was written or deleted, or the edge horizon moved. ``appended_only`` when the delta deleted nothing,
+    changed no kept edge and rewrote no node's archived flag or anchor terms (so ``remap`` is the identity, the
+    old active edges and anchor lists stand and only get appended to): what most writes of a chat turn do."""
 
     n_old: int
     n_new: int
@@ -875,6 +938,7 @@ class StructureChange:
     appended: int
     state_changed: bool
     edges_changed: bool
+    appended_only: bool = False
 
     def carried(self) -> tuple[np.ndarray, np.ndarray]:
         """``(old, new)`` positions of the nodes whose rows are unchanged (kept and not rewritten)."""
@@ -1571,21 +1635,36 @@ def _merged(
     dim = delta.vector_dim
     if dim and snap.dim and dim != snap.dim:
         return None
-    if snap.dim and dim:  # one pass: the kept rows and zero rows for the new nodes
+    # Vector rows of kept nodes that the delta writes or deletes (the old snapshot's rows: copy then).
+    pos = np.arange(n)
+    v_at = _positions(rids, delta.vector_rids) if delta.vector_rids.size and dim else np.zeros(0, np.int64)
+    gone_v = pos[np.isin(rids, delta.deleted_vectors)] if delta.deleted_vectors.size else np.zeros(0, np.int64)
+    old_rows_written = bool((v_at[v_at >= 0] < kept_n).any() or (gone_v < kept_n).any())
+    grown = None
+    if snap.dim and dim and take is None and not old_rows_written:
+        # Appended rows go into the spare rows of the matrix's buffer (the old snapshot keeps its shorter view).
+        buffer = base.vectors
+        grown = buffer.appended(snap.embeddings, n - kept_n) if buffer is not None else None
+        if grown is None:
+            buffer = _RowBuffer.of(snap.embeddings, n - kept_n)
+            grown = buffer.data[:n]
+    if grown is not None:
+        emb = grown
+        has_vec = np.concatenate([snap.has_vector, np.zeros(n - kept_n, bool)])
+    elif snap.dim and dim:  # one pass: the kept rows and zero rows for the new nodes
+        buffer = None
         emb = np.concatenate([snap.embeddings if take is None else snap.embeddings[take],
                               np.zeros((n - kept_n, dim), np.float32)])
         has_vec = np.concatenate([snap.has_vector if take is None else snap.has_vector[take],
                                   np.zeros(n - kept_n, bool)])
     else:
+        buffer = None
         emb = np.zeros((n, dim), np.float32)
         has_vec = np.zeros(n, bool)
-    pos = np.arange(n)
-    if delta.deleted_vectors.size:
-        gone_v = pos[np.isin(rids, delta.deleted_vectors)]
+    if gone_v.size:
         emb[gone_v] = 0.0
         has_vec[gone_v] = False
-    if delta.vector_rids.size and dim:
-        v_at = _positions(rids, delta.vector_rids)
+    if v_at.size:
         ok = v_at >= 0
         block = np.ascontiguousarray(delta.vectors[ok], dtype=np.float32)
         good = _normalise_rows(block)
@@ -1605,12 +1684,22 @@ def _merged(
         summaries=summaries, history=history, journal=journal, edge_columns=edges,
         node_rids=rids, edge_rowids=edge_rowids, embeddings_normalised=has_vec,
     )
-    new = _build_snapshot(source, now_ms=now_ms)
+    new = None
+    if take is None and not e_upd.size and e_take.size == e_old.src.size:
+        new = _appended_snapshot(snap, source, pos_list, n_old, int(e_old.src.size), now_ms)
+    appended_only = new is not None
+    if new is None:
+        new = _build_snapshot(source, now_ms=now_ms)
     assert new.structure.source is not None
+    if buffer is not None:
+        new = dataclasses.replace(
+            new, structure=SnapshotStructure(delta.version, dataclasses.replace(new.structure.source, vectors=buffer)))
+        assert new.structure.source is not None
     change = StructureChange(
         n_old=n_old, n_new=n, remap=remap, rewritten=np.array(sorted(pos_list), dtype=np.int64), appended=kept_n,
         state_changed=delta.state is not None,
         edges_changed=bool(delta.edge_rowids.size or delta.deleted_edges.size or now_ms >= snap.valid_until_ms),
+        appended_only=appended_only,
     )
     snap.structure.release_parent()  # its caches were updated from the parent's already, or never will be
     new = dataclasses.replace(
@@ -1632,6 +1721,307 @@ def _merged(
         if j >= 0 and j not in rewritten:
             new._nodes[j] = node
     return new
+
+
+def _row_values(c: dict[str, Any], rows: list[int], index: dict[str, int]) -> dict[str, np.ndarray]:
+    """The per-node arrays of :func:`_build_snapshot` at ``rows`` only (same formulas, on those rows' column
+    values): what a delta recomputes for its rewritten and appended nodes."""
+    k = len(rows)
+
+    def pick(name: str) -> list[Any]:
+        col = c[name]
+        return col[rows].tolist() if isinstance(col, np.ndarray) else list(map(col.__getitem__, rows))
+
+    def arr(name: str, dtype: Any) -> np.ndarray:
+        col = c[name]
+        return (col[rows] if isinstance(col, np.ndarray) else np.asarray(pick(name))).astype(dtype).reshape(k)
+
+    owner_key = pick("owner_key")
+    scope = np.empty(k, dtype=object)
+    scope[:] = [_owner_base_key(v) if v else "" for v in owner_key]
+    return {
+        "type_code": np.fromiter(map(TYPE_CODE.get, pick("type"), itertools.repeat(-1)), np.int16, k),
+        "archived": arr("archived", bool),
+        "seq": arr("seq", np.int64),
+        "seq_start": np.array(pick("seq_start"), dtype=np.float64).reshape(k),
+        "seq_end": np.array(pick("seq_end"), dtype=np.float64).reshape(k),
+        "importance": arr("importance", np.float64),
+        "created_time": arr("created_time", np.float64),
+        "is_pov": np.fromiter(map(operator.eq, pick("layer"), itertools.repeat("pov")), bool, k),
+        "owner_type_code": np.fromiter(map(_OWNER_TYPE_CODE.get, pick("owner_type"), itertools.repeat(0)), np.int8, k),
+        "scope_owner_key": scope,
+        "tense_code": np.fromiter(map(TENSE_CODE.get, pick("tense"), itertools.repeat(0)), np.int8, k),
+        "has_story_label": arr("has_story_label", bool),
+        "has_span_label": arr("has_span_label", bool),
+        "prev_index": np.fromiter(map(index.get, pick("prev_id"), itertools.repeat(-1)), np.int64, k),
+        "next_index": np.fromiter(map(index.get, pick("next_id"), itertools.repeat(-1)), np.int64, k),
+    }
+
+
+def _grown(m: sp.csr_matrix, shape: tuple[int, int]) -> sp.csr_matrix:
+    """``m`` with empty rows (and columns) appended up to ``shape``; shares ``m``'s data and indices."""
+    indptr = np.concatenate([m.indptr, np.full(shape[0] - m.shape[0], m.indptr[-1], m.indptr.dtype)])
+    out = sp.csr_matrix((m.data, m.indices, indptr), shape=shape, copy=False)
+    out.has_sorted_indices = True
+    out.has_canonical_format = True
+    return out
+
+
+def _added_entries(
+    old: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int, int]
+) -> sp.csr_matrix | None:
+    """``old`` (canonical, grown to ``shape``) with the entries ``(rows, cols, vals)`` added at positions it does
+    not hold, equal to a build of all entries at once; ``None`` when an entry repeats a position (of ``old`` or
+    of the new ones) or a value is zero (a sum would then depend on the order of additions, or drop a zero that
+    a build keeps): build it then. O(nnz) in C (a sorted merge) plus O(len(rows) log) here."""
+    grown = _grown(old, shape)
+    if not rows.size:
+        return grown
+    if not np.all(vals != 0) or (old.data.size and not np.all(old.data != 0)):
+        return None
+    keys = rows.astype(np.int64) * shape[1] + cols
+    if np.unique(keys).size != keys.size:
+        return None
+    r = rows.tolist()
+    for i, j in zip(r, cols.tolist(), strict=True):
+        if i < old.shape[0]:
+            lo, hi = old.indptr[i], old.indptr[i + 1]
+            if hi > lo and j in old.indices[lo:hi]:
+                return None
+    extra = sp.csr_matrix((vals, (rows, cols)), shape=shape)
+    out = grown + extra
+    if out.indptr.dtype != old.indptr.dtype:
+        out.indptr = out.indptr.astype(old.indptr.dtype)
+        out.indices = out.indices.astype(old.indices.dtype)
+    return out
+
+
+def _appended_snapshot(
+    snap: GraphSnapshot, source: SnapshotSource, rewritten: list[int], n_old: int, e_old: int, now_ms: int
+) -> GraphSnapshot | None:
+    """:func:`_build_snapshot` of ``source`` for a delta that deleted nothing, appended nodes (from ``n_old`` on)
+    and edges (from ``e_old`` on), rewrote the nodes at ``rewritten`` in place and changed no kept edge, derived
+    from ``snap``'s arrays: only the changed rows are computed, the rest is shared or copied in C. ``None`` when
+    the delta changes what the old rows derive (an archived flag or anchor terms rewritten, the edge horizon
+    passed, a visibility list appearing or vanishing on a rewritten node): build then. Equal to the build, array
+    by array (the incremental property tests check it)."""
+    if not (snap.built_at_ms <= now_ms < snap.valid_until_ms):
+        return None
+    assert isinstance(source.node_index, NodeIndexTable)
+    c = source.node_index.columns()
+    n = len(source.node_ids)
+    ids = tuple(source.node_ids)
+    new_ids = ids[n_old:]
+    index = dict(snap.index)
+    index.update(zip(new_ids, range(n_old, n), strict=True))
+    rw = sorted(rewritten)
+    rows = rw + list(range(n_old, n))
+    vals = _row_values(c, rows, index)
+    n_rw = len(rw)
+    rw_at = np.asarray(rw, dtype=np.int64)
+    old_terms = snap.anchor_terms
+    for p in rw:
+        if c["anchor_terms"][p] != old_terms[p]:
+            return None
+        if (c["visibility"][p] is None) != (p not in snap.visibility):
+            return None
+    if n_rw and not np.array_equal(vals["archived"][:n_rw], snap.archived[rw_at]):
+        return None
+
+    arrays: dict[str, np.ndarray] = {}
+    for name, v in vals.items():
+        old = snap.importance if name == "importance" else getattr(snap, name)
+        out = np.concatenate([old, v[n_rw:]])
+        out[rw_at] = v[:n_rw]
+        arrays[name] = out
+    # Old rows whose prev/next id names a new node (written before it) now resolve.
+    assert snap.structure.source is not None
+    dangling = snap.structure.source.dangling_links(snap)
+    for name, col_name in (("prev_index", "prev_id"), ("next_index", "next_id")):
+        col, links = c[col_name], dangling[col_name]
+        for node_id in new_ids:
+            for i in links.get(node_id, ()):
+                if i < n_old and col[i] == node_id:
+                    arrays[name][i] = index[node_id]
+        for j, p in enumerate(rows):
+            if vals[name][j] < 0 and col[p]:
+                links.setdefault(col[p], []).append(p)
+    archived = arrays["archived"]
+
+    # id_rank: the new ids' places among the old ids (byte order = code point order), old ranks shifted past them.
+    if new_ids:
+        by_rank = np.empty(n_old, dtype=object)
+        by_rank[snap.id_rank] = np.fromiter(snap.ids, dtype=object, count=n_old)
+        order_new = sorted(range(len(new_ids)), key=new_ids.__getitem__)
+        below = np.searchsorted(by_rank, np.array([new_ids[j] for j in order_new], dtype=object))
+        id_rank = snap.id_rank + np.searchsorted(below, snap.id_rank, side="right")
+        new_rank = np.empty(len(new_ids), dtype=np.int64)
+        new_rank[order_new] = below + np.arange(len(new_ids))
+        id_rank = np.concatenate([id_rank, new_rank])
+    else:
+        id_rank = snap.id_rank
+
+    # Appended nodes come last in graph order, and a term first seen on one goes last, as in a build.
+    anchor_t = dict(snap.anchor_index)
+    lengths = set(snap.anchor_lengths)
+    for i in range(n_old, n):
+        if not archived[i]:
+            for term in c["anchor_terms"][i]:
+                anchor_t[term] = (*anchor_t.get(term, ()), i)
+                lengths.add(len(term))
+    anchor_lengths = tuple(sorted(lengths, reverse=True))
+    visibility = dict(snap.visibility)
+    for p in rw:
+        if c["visibility"][p] is not None:
+            visibility[p] = c["visibility"][p]
+    for i in range(n_old, n):
+        if c["visibility"][i] is not None:
+            visibility[i] = c["visibility"][i]
+
+    # Edges: the appended ones that are active, after the old active ones.
+    cols = source.edge_columns
+    assert cols is not None
+    inv, exp = cols.invalid_at[e_old:], cols.expired_at[e_old:]
+    future = np.concatenate([inv[inv > now_ms], exp[exp > now_ms]])
+    valid_until = min(snap.valid_until_ms, float(future.min())) if future.size else snap.valid_until_ms
+    a_all, b_all = cols.src[e_old:], cols.dst[e_old:]
+    keep = ~(inv <= now_ms) & ~(exp <= now_ms) & (a_all >= 0) & (b_all >= 0) & (a_all != b_all)
+    keep[keep] = ~archived[a_all[keep]] & ~archived[b_all[keep]]
+    kept_at = np.flatnonzero(keep)
+    a_new, b_new = a_all[keep], b_all[keep]
+    s_new = cols.strength[e_old:][keep]
+    inh_new = cols.edge_type[e_old:][keep] == INHIBIT_EDGE_TYPE
+    e_base = snap.edge_src.size
+    e_count = e_base + a_new.size
+    kept_list = (kept_at + e_old).tolist()
+    relation_t = snap.edge_relation + tuple(map(cols.relation.__getitem__, kept_list))
+    added_ids = list(map(cols.edge_ids.__getitem__, kept_list))
+    edge_ids_t: Sequence[str] = (
+        snap.edge_ids.extended(added_ids) if isinstance(snap.edge_ids, JoinedStrings)
+        else (*snap.edge_ids, *added_ids)
+    )
+
+    def sym(old: sp.csr_matrix, mask: np.ndarray, everything: np.ndarray) -> sp.csr_matrix:
+        r = np.concatenate([a_new[mask], b_new[mask]])
+        cc = np.concatenate([b_new[mask], a_new[mask]])
+        v = np.concatenate([s_new[mask], s_new[mask]])
+        out = _added_entries(old, r, cc, v, (n, n))
+        if out is not None:
+            return out
+        src = np.concatenate([snap.edge_src, a_new])[everything]
+        dst = np.concatenate([snap.edge_dst, b_new])[everything]
+        st = np.concatenate([snap.edge_strength, s_new])[everything]
+        if not src.size:
+            return sp.csr_matrix((n, n))
+        m = sp.csr_matrix((np.concatenate([st, st]), (np.concatenate([src, dst]), np.concatenate([dst, src]))),
+                          shape=(n, n))
+        m.sum_duplicates()
+        return m
+
+    edge_inhibit = np.concatenate([snap.edge_inhibit, inh_new])
+    adjacency = sym(snap.adjacency, ~inh_new, ~edge_inhibit)
+    inhibit = sym(snap.inhibit, inh_new, edge_inhibit)
+    epos = np.arange(e_base, e_count, dtype=np.int64)
+    incident = _added_entries(
+        sp.csr_matrix((snap.incident.data, snap.incident.indices, snap.incident.indptr), shape=(n_old, e_count)),
+        np.concatenate([a_new, b_new]), np.concatenate([epos, epos]),
+        np.concatenate([epos + 1, epos + 1]).astype(np.float64), (n, e_count),
+    )
+    if incident is None:
+        return None
+
+    # Temporal pairs: those touching a changed row (rewritten, appended, or its prev/next moved) are derived again.
+    prev_index, next_index = arrays["prev_index"], arrays["next_index"]
+    moved = np.zeros(n, dtype=bool)
+    moved[rw_at] = True
+    moved[n_old:] = True
+    moved[:n_old] |= (prev_index[:n_old] != snap.prev_index) | (next_index[:n_old] != snap.next_index)
+    nn = max(n, 1)
+    old_pairs = snap.temporal_pairs
+    stay = ~(moved[old_pairs[:, 0]] | moved[old_pairs[:, 1]]) if old_pairs.size else np.zeros(0, bool)
+    kept_keys = old_pairs[stay, 0] * nn + old_pairs[stay, 1]
+    new_keys: list[np.ndarray] = []
+    for neighbour in (prev_index, next_index):
+        ok = (neighbour >= 0) & ~archived
+        ok &= moved | moved[np.maximum(neighbour, 0)]
+        left = np.flatnonzero(ok)
+        right = neighbour[ok]
+        ok2 = ~archived[right] & (left != right)
+        lo, hi = np.minimum(left[ok2], right[ok2]), np.maximum(left[ok2], right[ok2])
+        new_keys.append(lo * nn + hi)
+    add = np.unique(np.concatenate(new_keys))
+    add = add[~np.isin(add, kept_keys)]
+    keys = np.insert(kept_keys, np.searchsorted(kept_keys, add), add)
+    temporal_pairs = np.stack([keys // nn, keys % nn], axis=1).astype(np.int64)
+
+    if source.knowledge is snap.knowledge_state:
+        knowledge = _knowledge_extended(snap.knowledge, source.knowledge, new_ids, arrays["scope_owner_key"], rows, n)
+    else:
+        knowledge = _knowledge_arrays(source.knowledge, index, arrays["scope_owner_key"], n)
+    assert source.node_rids is not None and source.edge_rowids is not None
+    base = _DeltaBase(source.node_rids, c, cols, source.edge_rowids, dangling)
+    assert source.embeddings_normalised is not None
+    return GraphSnapshot(
+        chat_id=source.chat_id, version=source.version, model_id=source.model_id, ids=ids, index=index,
+        id_rank=id_rank, type_code=arrays["type_code"], archived=archived, seq=arrays["seq"],
+        seq_start=arrays["seq_start"], seq_end=arrays["seq_end"], stats=NodeStats(arrays["importance"]),
+        created_time=arrays["created_time"], is_pov=arrays["is_pov"], owner_type_code=arrays["owner_type_code"],
+        scope_owner_key=arrays["scope_owner_key"], scope_owner_name=tuple(c["owner_name"]),
+        region_primary=tuple(c["region_primary"]), region_tokens=tuple(c["region_tokens"]),
+        anchor_terms=tuple(c["anchor_terms"]), anchor_index=anchor_t, anchor_lengths=anchor_lengths,
+        visibility=visibility, segment_id=tuple(c["segment_id"]), has_story_label=arrays["has_story_label"],
+        tense_code=arrays["tense_code"], span_start_segment=tuple(c["span_start_segment"]),
+        span_end_segment=tuple(c["span_end_segment"]), has_span_label=arrays["has_span_label"],
+        prev_index=prev_index, next_index=next_index, embeddings=source.embeddings,
+        has_vector=source.embeddings_normalised, adjacency=adjacency, inhibit=inhibit, temporal_pairs=temporal_pairs,
+        edge_src=np.concatenate([snap.edge_src, a_new]), edge_dst=np.concatenate([snap.edge_dst, b_new]),
+        edge_strength=np.concatenate([snap.edge_strength, s_new]), edge_inhibit=edge_inhibit,
+        edge_relation=relation_t, edge_ids=edge_ids_t, incident=incident, valid_until_ms=valid_until,
+        knowledge=knowledge, knowledge_state=source.knowledge, regions=source.regions, timeline=source.timeline,
+        summaries=source.summaries, history=source.history, journal=tuple(source.journal), built_at_ms=now_ms,
+        structure=SnapshotStructure(source.version, base), _node_json=source.node_json,
+    )
+
+
+def _knowledge_extended(
+    old: KnowledgeArrays, state: KnowledgeState, new_ids: Sequence[str], scope_owner_key: np.ndarray,
+    rows: list[int], n: int,
+) -> KnowledgeArrays:
+    """:func:`_knowledge_arrays` of an unchanged knowledge state after nodes were rewritten or appended at
+    ``rows`` (new positions; the appended ones, ``new_ids``, last): the old columns, widened to ``n``, with those
+    columns derived again. O(owners × n) copies plus O(owners × len(rows) × list length) membership tests."""
+    entries = list(state.owners.values())
+    n_old = old.known.shape[1]
+
+    def widen(a: np.ndarray) -> np.ndarray:
+        return np.concatenate([a, np.zeros((a.shape[0], n - n_old), a.dtype)], axis=1)
+
+    known, manual, mistaken, hidden, own_pov, vis = map(
+        widen, (old.known, old.manual_known, old.mistaken, old.hidden, old.own_pov, old.visibility))
+    owner_node = old.owner_node_index.copy()
+    at = np.asarray(rows, dtype=np.int64)
+    row_ids: list[str | None] = [None] * (len(rows) - len(new_ids)) + list(new_ids)
+    for o, entry in enumerate(entries):
+        sets = (set(entry.known_node_ids), set(entry.manual_known_node_ids), set(entry.mistaken_node_ids),
+                set(entry.manual_hidden_node_ids))
+        for j, p in enumerate(rows):
+            node_id = row_ids[j]
+            if node_id is None:
+                continue  # a rewritten node keeps its id, so its membership columns stand
+            known[o, p] = node_id in sets[0] or node_id in sets[1]
+            manual[o, p] = node_id in sets[1]
+            mistaken[o, p] = node_id in sets[2]
+            hidden[o, p] = node_id in sets[3]
+            score = entry.visibility_scores.get(node_id) if entry.visibility_scores else None
+            vis[o, p] = 0.0 if score is None else score
+            if entry.node_id == node_id:
+                owner_node[o] = p
+                known[o, p] = True
+        own_pov[o, at] = scope_owner_key[at] == _owner_base_key(entry.owner_key)
+    return dataclasses.replace(
+        old, owner_node_index=owner_node, known=known, manual_known=manual, mistaken=mistaken, hidden=hidden,
+        own_pov=own_pov, visibility=vis,
+    )
 
 
 class SnapshotCache:

@@ -44,10 +44,12 @@ ties in BM25 scores break by node id (byte order).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import json
 import math
+import operator
 import os
 import sqlite3
 import sys
@@ -55,11 +57,11 @@ import threading
 import time
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -517,6 +519,199 @@ class _NodeParseMemo:
 _PARSED_NODES = _NodeParseMemo(16_384)
 
 
+#: ``(seq, node_id, prev_id, next_id)`` of one active message node, as :meth:`StoreReader.message_chain` reads it.
+ChainLink = tuple[int, str, "str | None", "str | None"]
+#: The node types whose rows every message event reads (the names a message may mention).
+OWNER_TYPES = ("character", "entity")
+
+
+class OwnerDerived(Protocol):
+    """Values a caller derives from a chat's character/entity nodes, kept by :class:`IngestCache` beside them and
+    updated from each change, so no event recomputes them over every owner node."""
+
+    def update(self, node_id: str, old: Node | None, new: Node | None) -> None:
+        """One owner node changed (``old``/``new`` ``None``: absent, or not a character/entity node)."""
+
+    def snapshot(self) -> Any:
+        """The current values, as an object the caller may keep after the cache changes again."""
+
+
+@dataclass(frozen=True)
+class ChainRun:
+    """A contiguous piece of the chat's message chain (``links`` sorted by ``(seq, node_id)``); ``at_start`` /
+    ``at_end``: it begins / ends the chain. A run that does not begin (end) the chain begins (ends) with a node
+    more than the margin away from every anchor it was cut around."""
+
+    at_start: bool
+    at_end: bool
+    links: tuple[ChainLink, ...]
+
+
+@dataclass(frozen=True)
+class IngestBase:
+    """What an ingest event reads of a chat before planning (:meth:`StoreReader.ingest_base`).
+
+    ``owners`` = :meth:`StoreReader.get_nodes_by_type` of :data:`OWNER_TYPES`. ``runs`` is set when every stored
+    link of the chain agrees with the ``(seq, node_id)`` order of the active message nodes (so relinking around
+    the anchors touches nothing outside the runs): the runs around the anchors, ``chain`` unset. Otherwise
+    ``chain`` is the whole :meth:`StoreReader.message_chain` and ``runs`` unset. ``derived`` is the snapshot of
+    the caller's :class:`OwnerDerived` (``None`` without a factory).
+    """
+
+    owners: list[Node]
+    runs: tuple[ChainRun, ...] | None
+    chain: tuple[ChainLink, ...] | None
+    derived: Any
+
+
+class _ChatEntry:
+    """One chat's cached ingest reads at ``version``: owner nodes by id (insertion order), the chain as a sorted
+    ``(seq, id)`` list plus ``id → (seq, prev, next)``, whether every link agrees with that order."""
+
+    __slots__ = ("version", "owners", "order", "rows", "consistent", "derived")
+
+    def __init__(self, version: int, owners: list[Node], chain: Sequence[ChainLink]) -> None:
+        self.version = version
+        self.owners: dict[str, Node] = {n.id: n for n in owners}
+        self.order: list[tuple[int, str]] = [(seq, nid) for seq, nid, _, _ in chain]
+        self.rows: dict[str, tuple[int, str | None, str | None]] = {
+            nid: (seq, prev, nxt) for seq, nid, prev, nxt in chain
+        }
+        self.consistent = self._all_consistent()
+        self.derived: OwnerDerived | None = None
+
+    def _all_consistent(self) -> bool:
+        ids = [nid for _, nid in self.order]
+        wanted = zip([None, *ids[:-1]], [*ids[1:], None], strict=True)
+        stored = ((r[1], r[2]) for r in map(self.rows.__getitem__, ids))
+        return all(map(operator.eq, stored, wanted))
+
+    def _consistent_at(self, keys: Iterable[tuple[int, str]]) -> bool:
+        order, n = self.order, len(self.order)
+        for key in keys:
+            i = bisect.bisect_left(order, key)
+            for j in range(max(0, i - 1), min(n, i + 2)):
+                nid = order[j][1]
+                want = (order[j - 1][1] if j else None, order[j + 1][1] if j + 1 < n else None)
+                if self.rows[nid][1:] != want:
+                    return False
+        return True
+
+    def apply(self, log: Mapping[str, str | None], created: Collection[str]) -> bool:
+        """Lay one committed batch's node writes over the entry (``log``: id → stored JSON, ``None`` when deleted,
+        in write order; ``created``: ids whose rows the batch inserted). ``False`` when the entry cannot follow
+        (an older node turned into a character/entity: its position in insertion order is unknown here)."""
+        changed: list[tuple[int, str]] = []
+        for nid, text in log.items():
+            new = None if text is None else _PARSED_NODES.load(text)
+            old = self.owners.get(nid)
+            if new is not None and new.type in OWNER_TYPES:
+                if nid in created:
+                    self.owners.pop(nid, None)  # a new row: last in insertion order
+                elif old is None:
+                    return False
+                self.owners[nid] = new
+            elif old is not None:
+                del self.owners[nid]
+            if self.derived is not None and (old is not None or (new is not None and new.type in OWNER_TYPES)):
+                self.derived.update(nid, old, new if new is not None and new.type in OWNER_TYPES else None)
+            row = self.rows.pop(nid, None)
+            if row is not None:
+                key = (row[0], nid)
+                del self.order[bisect.bisect_left(self.order, key)]
+                changed.append(key)
+            if new is not None and new.type == "message" and not new.archived:
+                key = (new.seq, nid)
+                bisect.insort(self.order, key)
+                self.rows[nid] = (new.seq, new.prev_id or None, new.next_id or None)
+                changed.append(key)
+        if changed:
+            self.consistent = self._consistent_at(changed) if self.consistent else self._all_consistent()
+        return True
+
+    def runs(self, anchors: Iterable[tuple[int, str]], margin: int) -> tuple[ChainRun, ...]:
+        order, n = self.order, len(self.order)
+        spans = sorted(
+            (max(0, i - margin), min(n, i + margin + 1))
+            for i in (bisect.bisect_left(order, key) for key in anchors)
+        )
+        merged: list[list[int]] = []
+        for lo, hi in spans:
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        return tuple(
+            ChainRun(lo == 0, hi == n, tuple((seq, nid, *self.rows[nid][1:]) for seq, nid in order[lo:hi]))
+            for lo, hi in merged
+        )
+
+
+class IngestCache:
+    """Per chat, what every ingest event reads (the character/entity nodes and the message chain), at one chat
+    version, so an event on a large chat reads O(touched) rows instead of every owner node and chain link.
+
+    Exactness: an entry serves a read only when its version is the chat version that read sees (versions only
+    grow, and every write of any process bumps them), so another process's write is never missed: the entry is
+    rebuilt from the store. This process's committed write batches are laid over the entry
+    (:meth:`after_write`) when the entry was at the batch's base version; otherwise, or after a write the entry
+    cannot follow (node reorder), it is dropped. Node rows are cached as parsed from their stored JSON, so a
+    served row equals the row a read would parse. Thread-safe (one lock; readers copy what they take). At most
+    ``max_chats`` chats are kept (least recently read dropped): an entry holds O(owners + messages) of one chat.
+    """
+
+    def __init__(self, max_chats: int = 16) -> None:
+        self._lock = threading.Lock()
+        self._max_chats = max_chats
+        self._chats: OrderedDict[str, _ChatEntry] = OrderedDict()
+
+    def read(self, reader: StoreReader, chat_id: str, anchors: Sequence[tuple[int, str]], margin: int,
+             derive: Callable[[Iterable[Node]], OwnerDerived] | None) -> IngestBase:
+        version = reader.chat_version(chat_id)
+        with self._lock:
+            entry = self._chats.get(chat_id)
+            if entry is not None and entry.version == version:
+                self._chats.move_to_end(chat_id)
+                return self._take(entry, anchors, margin, derive)
+        entry = _ChatEntry(version, reader.get_nodes_by_type(chat_id, OWNER_TYPES), reader.message_chain(chat_id))
+        with self._lock:
+            current = self._chats.get(chat_id)
+            if current is None or current.version < version:
+                self._chats[chat_id] = entry
+                self._chats.move_to_end(chat_id)
+                while len(self._chats) > self._max_chats:
+                    self._chats.popitem(last=False)
+            return self._take(entry, anchors, margin, derive)
+
+    @staticmethod
+    def _take(entry: _ChatEntry, anchors: Sequence[tuple[int, str]], margin: int,
+              derive: Callable[[Iterable[Node]], OwnerDerived] | None) -> IngestBase:
+        if derive is not None and entry.derived is None:
+            entry.derived = derive(entry.owners.values())
+        snap = entry.derived.snapshot() if derive is not None and entry.derived is not None else None
+        owners = list(entry.owners.values())
+        if entry.consistent:
+            return IngestBase(owners, entry.runs(anchors, margin), None, snap)
+        chain = tuple((seq, nid, *entry.rows[nid][1:]) for seq, nid in entry.order)
+        return IngestBase(owners, None, chain, snap)
+
+    def after_write(self, chat_id: str, base_version: int, version: int, log: Mapping[str, str | None],
+                    created: Collection[str], followable: bool) -> None:
+        """A batch of this process committed ``version`` over ``base_version``: follow it or drop the entry."""
+        with self._lock:
+            entry = self._chats.get(chat_id)
+            if entry is None:
+                return
+            if followable and entry.version == base_version and entry.apply(log, created):
+                entry.version = version
+            else:
+                del self._chats[chat_id]
+
+    def drop(self, chat_id: str) -> None:
+        with self._lock:
+            self._chats.pop(chat_id, None)
+
+
 def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
@@ -658,8 +853,9 @@ class StoreReader:
     The :class:`StoreWriter` of a batch is a reader too and sees the batch's own uncommitted changes.
     """
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, ingest_cache: IngestCache | None = None) -> None:
         self._conn = conn
+        self._ingest_cache = ingest_cache
 
     # -- chats ---------------------------------------------------------------------------------------------
 
@@ -794,6 +990,23 @@ class StoreReader:
             (chat_id,),
         ).fetchall()
         return rows
+
+    def ingest_base(self, chat_id: str, anchors: Iterable[tuple[int, str]], margin: int = 2,
+                    derive: Callable[[Iterable[Node]], OwnerDerived] | None = None) -> IngestBase:
+        """The chat's character/entity nodes and its message chain (see :class:`IngestBase`), the chain cut to
+        the runs around ``anchors`` (``(seq, node_id)`` keys: where planned message nodes are and will be) with
+        ``margin`` untouched nodes on each side when the stored links are consistent.
+
+        Served from the store's :class:`IngestCache` when it holds the chat at the version this read sees (then
+        O(owners) pointer copies, no row read); a batch writer (uncommitted changes) always reads the rows.
+        """
+        chat_id = validate_chat_id(chat_id)
+        keys = list(anchors)
+        if self._ingest_cache is not None:
+            return self._ingest_cache.read(self, chat_id, keys, margin, derive)
+        entry = _ChatEntry(self.chat_version(chat_id), self.get_nodes_by_type(chat_id, OWNER_TYPES),
+                           self.message_chain(chat_id))
+        return IngestCache._take(entry, keys, margin, derive)
 
     def message_floors_from(self, chat_id: str, floor: int) -> list[tuple[int, str]]:
         """``(floor, node_id)`` of every ``message`` node (active or archived) at ``floor`` or later, by floor:
@@ -1394,6 +1607,11 @@ class StoreWriter(StoreReader):
         #: The chat's version when the batch began, and the node ids whose FTS rows the batch wrote or deleted.
         self._base_version = int(current)
         self._fts_touched: set[str] = set()
+        #: For the store's ingest cache: node id → stored JSON (``None``: deleted) in write order, the ids whose
+        #: rows the batch inserted, and whether the cache can follow the batch (no reorder).
+        self._node_log: dict[str, str | None] = {}
+        self._created: set[str] = set()
+        self._followable = True
 
     @property
     def version(self) -> int:
@@ -1463,6 +1681,12 @@ class StoreWriter(StoreReader):
         ids = [(chat, node_id) for node_id in batch]
         if reorder:  # node order changes: no delta describes it
             self._record_rebuild()
+            self._followable = False
+        else:
+            present = self._existing_nodes(list(batch))
+            self._created.update(nid for nid in batch if nid not in present)
+            for row in rows:
+                self._node_log[row[1]] = row[6]
         self._fts_touched.update(batch)
         conn.executemany(_DELETE_FTS, ids)
         conn.executemany(_UPSERT_NODE_REORDER if reorder else _UPSERT_NODE, rows)
@@ -1487,6 +1711,11 @@ class StoreWriter(StoreReader):
         )
         # Edges and embeddings go through ON DELETE CASCADE (rowcount counts the direct deletes only).
         cur = conn.executemany("DELETE FROM nodes WHERE chat_id = ? AND node_id = ?", params)
+        for _, node_id in params:
+            # Popped first: a node written again after this is a new row, last in insertion order.
+            self._node_log.pop(node_id, None)
+            self._node_log[node_id] = None
+            self._created.discard(node_id)
         return max(cur.rowcount, 0)
 
     def reinforce(self, node_ids: Iterable[str], now_ms: int, importance_step: float = 0.1) -> int:
@@ -1526,6 +1755,8 @@ class StoreWriter(StoreReader):
             "UPDATE nodes SET json = ?, idx = ?, ixb = ?, ixs = ?, jz = ?, cv = ? WHERE chat_id = ? AND node_id = ?",
             [(*u[:5], self._version, *u[5:]) for u in updates],
         )
+        for u in updates:
+            self._node_log[u[6]] = u[0]
         return len(updates)
 
     # -- edges ---------------------------------------------------------------------------------------------
@@ -1814,6 +2045,7 @@ class StoreWriter(StoreReader):
         rows = conn.execute("SELECT node_id FROM nodes WHERE chat_id = ?", (self.chat_id,)).fetchall()
         existing = [r[0] for r in rows]
         self._record_rebuild()  # every edge goes and node order changes
+        self._followable = False
         conn.execute("DELETE FROM edges WHERE chat_id = ?", (self.chat_id,))
         self.delete_nodes([node_id for node_id in existing if node_id not in keep])
         self._upsert_nodes(graph.nodes, reorder=True)
@@ -1903,6 +2135,7 @@ class Store:
         self._pool_lock = threading.Lock()
         self._pool: list[sqlite3.Connection] = []
         self._closed = False
+        self._ingest_cache = IngestCache()
         _create_private(self._path)
         self._conn = self._connect(write=True)
         try:
@@ -2126,8 +2359,11 @@ class Store:
                 writer._commit_version()
             finally:
                 writer._open = False
-        # Committed: the chat's cached BM25 indexes follow it to the new version with the touched rows pending.
+        # Committed: the chat's cached BM25 indexes follow it to the new version with the touched rows pending,
+        # and so do its cached ingest reads.
         cache_for(self).advance(chat_id, writer._base_version, writer.version, writer._fts_touched)
+        self._ingest_cache.after_write(chat_id, writer._base_version, writer.version, writer._node_log,
+                                       writer._created, writer._followable)
 
     @contextmanager
     def read(self) -> Iterator[StoreReader]:
@@ -2137,7 +2373,7 @@ class Store:
         healthy = True
         try:
             conn.execute("BEGIN")
-            yield StoreReader(conn)
+            yield StoreReader(conn, self._ingest_cache)
         except sqlite3.Error as exc:
             healthy = False
             raise StoreError(f"read failed: {exc}") from exc
@@ -2192,6 +2428,7 @@ class Store:
             conn.execute(sql, (chat_id,))
             # Everything else hangs off the chats row through ON DELETE CASCADE.
             cur = conn.execute("DELETE FROM chats WHERE chat_id = ?", (chat_id,))
+            self._ingest_cache.drop(chat_id)
             return cur.rowcount > 0
 
     def cache_put(self, model_id: str, items: Mapping[str, np.ndarray]) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from memory_recall.model import ChatMessage
 
 NOW = 1_767_225_600_000
@@ -15,3 +17,14 @@ BASE = [
     ChatMessage(floor=3, role="assistant", speaker="Melanie", text="Paris again! Lovely.", send_time_ms=T0 + 3),
     ChatMessage(floor=4, role="user", speaker="Caroline", text="Next: Lake Tahoe with Melanie.", send_time_ms=T0 + 4),
 ]
+
+
+def write_plan(store: Any, chat_id: str, plan: Any) -> None:
+    """Write an ingest plan's nodes and edges in one batch, as ``ingest_messages`` does (nothing when empty)."""
+    if plan.empty:
+        return
+    with store.write(chat_id) as w:
+        if plan.nodes:
+            w.upsert_nodes(plan.nodes)
+        if plan.edges:
+            w.upsert_edges(plan.edges)

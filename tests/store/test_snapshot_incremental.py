@@ -22,7 +22,7 @@ from store_helpers import exactly_equal
 from memory_recall import bench
 from memory_recall.model.graph import Edge, Node
 from memory_recall.model.state import KnowledgeOwner, KnowledgeState
-from memory_recall.pipeline import owners
+from memory_recall.pipeline import _graph_cache, anchors, owners, scoring
 from memory_recall.pipeline.result import json_dumps
 from memory_recall.pipeline.retrieve import retrieve
 from memory_recall.pipeline.state import Providers, RecallQuery
@@ -34,6 +34,7 @@ from memory_recall.store.snapshot import (
     apply_delta,
     build_snapshot,
 )
+from memory_recall.text.mentions import fold
 
 CHAT = "inc"
 MODEL = "test-model"
@@ -102,6 +103,32 @@ def _differences(a: GraphSnapshot, b: GraphSnapshot) -> list[str]:
         out.append("importance")
     if [a.node(i) for i in range(a.n)] != [b.node(i) for i in range(b.n)]:
         out.append("nodes")
+    return out
+
+
+#: Per-structure caches with an update path (derived from the parent structure's value and the delta): after a
+#: recall, each must equal the fresh build's exactly. Fields filled on use (memo tables) are left out.
+_UPDATED_CACHES = (("anchors", "folded-index"), ("scoring-arrays",))
+#: Carried memo tables (filled on use, so compared entry by entry with what a fresh build prepares).
+_CARRIED_TABLES = (("lexical-fields",),)
+_MEMO_FIELDS = frozenset({"labels", "temporal_memo"})
+
+
+def _cache_differences(a: GraphSnapshot, b: GraphSnapshot) -> list[str]:
+    """Keys of :data:`_UPDATED_CACHES` whose values differ between the two snapshots' structures (both must
+    hold every key: a recall on each ran first)."""
+    out = []
+    for key in _UPDATED_CACHES:
+        x = _graph_cache._CACHE[a.structure][key]
+        y = _graph_cache._CACHE[b.structure][key]
+        names = [f.name for f in dataclasses.fields(x) if f.name not in _MEMO_FIELDS]
+        out.extend(f"{key}.{name}" for name in names if not exactly_equal(getattr(x, name), getattr(y, name)))
+    table = _graph_cache._CACHE[a.structure].get(_CARRIED_TABLES[0])
+    if table is not None:
+        for k in table.keys():
+            prepared = scoring._prepared_node(b, k)
+            if table.field_texts(k) != (() if prepared is None else tuple(f.text for f in prepared.fields)):
+                out.append(f"lexical-fields[{k}]")
     return out
 
 
@@ -246,6 +273,9 @@ def test_incremental_snapshot_equals_a_fresh_build(seeded: Path, tmp_path_factor
             # The recall on the updated snapshot (per-structure caches updated from the parent's, which the
             # previous step's recall filled) equals the recall on the fresh build (every cache built anew).
             assert _recall(snap, store, seed) == _recall(fresh, store, seed), (op, seed)
+            assert _cache_differences(snap, fresh) == [], (op, seed)
+            if op == "message":
+                assert snap.structure.change is not None and snap.structure.change.appended_only, seed
             how = w.cache.last_update[CHAT]
             if expected == "stats":
                 assert how == "stats" and snap.structure is previous.structure
@@ -316,3 +346,49 @@ def test_caches_are_updated_from_the_parent_after_the_old_snapshot_is_gone(world
     newer = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
     gc.collect()
     assert newer.structure.parent is new.structure and new.structure.parent is None and parent() is None
+
+
+def test_a_new_message_updates_the_caches_from_the_parent(world: _World) -> None:
+    """An appended message takes the update paths: the snapshot's arrays are derived from the parent's (the
+    vector matrix grows in place into spare rows, the old snapshot keeps its rows), and the per-structure caches
+    are derived from the parent's values (untouched entries are the parent's objects, memo tables carried)."""
+    snap = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    _recall(snap, world.store, 0)
+    old_anchors = anchors._folded_anchors(snap)
+    old_arrays = scoring._snapshot_arrays(snap)
+    assert old_arrays.labels
+    shared = [t for t, v in old_anchors.index.items() if len(v) > 1]
+    assert shared
+    assert world.apply("message", 11) == "delta"
+    world.apply("message", 12)
+    new = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    fresh = build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)
+    assert new.structure.change is not None and new.structure.change.appended_only
+    assert _differences(new, fresh) == []
+    assert new.n == snap.n + 2 and new.embeddings.base is not None
+    arrays = scoring._snapshot_arrays(new)
+    rewritten = set(new.structure.change.rewritten.tolist())
+    assert arrays.labels == {i: v for i, v in old_arrays.labels.items() if i not in rewritten}
+    # The lexical field table carries the packed rows of the kept, not rewritten nodes (as prepared afresh).
+    old_table = scoring._field_table(snap)
+    table = scoring._field_table(new)
+    assert len(old_table) and table.keys() == [k for k in old_table.keys() if k not in rewritten]
+    for k in table.keys():
+        prepared = scoring._prepared_node(fresh, k)
+        assert table.field_texts(k) == (() if prepared is None else tuple(f.text for f in prepared.fields))
+    folded = anchors._folded_anchors(new)
+    added = {fold(t) for i in range(snap.n, new.n) for t in new.anchor_terms[i]}
+    untouched = [t for t in shared if t not in added]
+    assert untouched
+    assert all(folded.index[t] is old_anchors.index[t] for t in untouched)
+    assert all(folded.index[t] != old_anchors.index.get(t) for t in added if t in old_anchors.index)
+    _recall(new, world.store, 3)
+    _recall(fresh, world.store, 3)
+    assert _cache_differences(new, fresh) == []
+    before = new.embeddings.copy()
+    world.apply("message", 13)
+    newer = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert newer.n == new.n + 1 and np.shares_memory(newer.embeddings, new.embeddings)
+    assert new.embeddings.shape == before.shape and new.embeddings.tobytes() == before.tobytes()
+    assert newer.embeddings[: new.n].tobytes() == before.tobytes()
+    assert _differences(newer, build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)) == []

@@ -692,6 +692,36 @@ class PackedFieldTable:
             first, count = int(self._nodes[slot, 0]), int(self._nodes[slot, 1])
             return tuple(self._texts[t] for t in self._fields[first : first + count, 4].tolist())
 
+    def carried(self, n: int, old: np.ndarray, new: np.ndarray) -> PackedFieldTable:
+        """A table for a graph of ``n`` nodes whose node ``new[j]`` has the same lexical fields as this table's
+        node ``old[j]`` (the nodes a graph update kept unchanged): those packed here are packed there (their rows
+        copied, in this table's packing order; the vocabulary is shared, so unit ids stay comparable); any other
+        node is packed on first use. O(packed rows) copies in numpy."""
+        out = PackedFieldTable(n, self.max_nodes)
+        out.vocab = self.vocab
+        with self._lock:
+            target = np.full(self._n, -1, dtype=np.intp)
+            target[np.asarray(old, dtype=np.intp)] = np.asarray(new, dtype=np.intp)
+            keys = np.asarray(self._keys, dtype=np.intp)
+            slots = np.flatnonzero(target[keys] >= 0) if keys.size else np.zeros(0, np.intp)
+            if not slots.size:
+                return out
+            rows = self._nodes[slots]
+            fields = self._fields[_ranges(rows[:, 0], rows[:, 1])]
+            units = self._units[_ranges(rows[:, 2], rows[:, 3])]
+            haystacks = list(map(self._haystacks.__getitem__, slots.tolist()))
+            texts, text_ids = list(self._texts), dict(self._text_ids)
+        nodes = rows.copy()
+        nodes[:, 0] = np.cumsum(rows[:, 1]) - rows[:, 1]
+        nodes[:, 2] = np.cumsum(rows[:, 3]) - rows[:, 3]
+        new_keys = target[keys[slots]]
+        out._nodes, out._fields, out._units = nodes, fields, units
+        out._haystacks, out._texts, out._text_ids = haystacks, texts, text_ids
+        out._n_fields, out._n_units = int(fields.shape[0]), int(units.shape[0])
+        out._keys = new_keys.tolist()
+        out._slot[new_keys] = np.arange(slots.size, dtype=np.intp)
+        return out
+
     def _pack(self, keys: list[int], prepared: list[PreparedNode | None]) -> None:
         # Under the lock: append the nodes' rows, then publish their slots.
         node_rows: list[tuple[int, int, int, int]] = []
