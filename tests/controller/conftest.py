@@ -1,8 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from controller_helpers import CHAT, NOW, CountingPipeline, demo_messages
 
@@ -12,18 +9,6 @@ from memory_recall.model.chat import ChatMessage
 from memory_recall.settings import RecallSettings
 from memory_recall.store import Store
 from memory_recall.store.snapshot import SnapshotCache
-
-
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "store.sqlite3"
-
-
-@pytest.fixture
-def store(db_path: Path) -> Iterator[Store]:
-    s = Store(db_path)
-    yield s
-    s.close()
 
 
 @pytest.fixture

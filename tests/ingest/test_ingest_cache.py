@@ -32,18 +32,6 @@ MENTIONS = ("Saltmere", "the Gull Inn", "Oscar", "Mara", "“苏晚”", "林晚
 WORDS = "the tide turned and we walked along quiet docks talking about ships debts storms".split()
 
 
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "store.sqlite3"
-
-
-@pytest.fixture
-def store(db_path: Path) -> Iterator[Store]:
-    s = Store(db_path)
-    yield s
-    s.close()
-
-
 def _dump(store: Store) -> str:
     nodes = sorted(n.model_dump_json() for n in store.get_nodes(CHAT))
     edges = sorted(e.model_dump_json() for e in store.get_edges(CHAT))
