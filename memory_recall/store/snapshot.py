@@ -25,8 +25,9 @@ import operator
 import struct
 import sys
 import threading
+import weakref
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -480,6 +481,68 @@ class JoinedStrings(Sequence[str]):
         return JoinedStrings(self._text, self._ends[at], self._start_offsets()[at])
 
 
+class SharedPrefix(Sequence[Any]):
+    """The first ``n`` items of a list shared along a chain of appending deltas: a snapshot's string columns and
+    ids, as a tuple would hold them. :meth:`appended` extends the list in place when this is its longest view
+    (older views keep their length and never see the new items), so an append costs O(len(tail)) instead of a
+    copy of the column. Immutable as a sequence; equal to any sequence of the same items."""
+
+    __slots__ = ("_items", "_n")
+
+    def __init__(self, items: list[Any], n: int) -> None:
+        self._items = items
+        self._n = n
+
+    @classmethod
+    def of(cls, items: Iterable[Any]) -> SharedPrefix:
+        kept = list(items)
+        return cls(kept, len(kept))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return tuple(map(self._items.__getitem__, range(self._n)[i]))
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("SharedPrefix index out of range")
+        return self._items[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(self._items, self._n)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def appended(self, tail: Iterable[Any]) -> SharedPrefix:
+        """These items followed by ``tail``: written into the shared list when this is its longest view, else a
+        copy (a second child of the same parent)."""
+        tail = list(tail)
+        with _SHARED_PREFIX_LOCK:
+            if len(self._items) == self._n:
+                self._items.extend(tail)
+                return SharedPrefix(self._items, self._n + len(tail))
+        return SharedPrefix(self._items[: self._n] + tail, self._n + len(tail))
+
+
+_SHARED_PREFIX_LOCK = threading.Lock()
+
+
+def _seq_appended(old: Sequence[Any], tail: Iterable[Any]) -> SharedPrefix:
+    """``old`` followed by ``tail`` as a :class:`SharedPrefix` (``old`` copied once when it is not one yet)."""
+    if isinstance(old, SharedPrefix):
+        return old.appended(tail)
+    items = list(old)
+    items.extend(tail)
+    return SharedPrefix(items, len(items))
+
+
 class BlobSlices(Sequence[bytes]):
     """Many byte strings held as one bytes object and their end offsets (the store reads a chat's compressed node
     JSON this way: no bytes object per node until one is asked for). Immutable."""
@@ -635,7 +698,7 @@ class SnapshotSource:
 
     chat_id: str
     version: int
-    node_ids: list[str]
+    node_ids: Sequence[str]
     node_index: Sequence[NodeIndex]  # a list, or the store's lazily decoded NodeIndexTable
     node_json: Sequence[str]  # a list, or the store's compressed PackedTexts (kept as is by the snapshot)
     edges: list[EdgeRow]
@@ -742,6 +805,50 @@ class _RowBuffer:
             self.data[n:n + extra] = 0.0
             self._used = n + extra
             return self.data[:n + extra]
+
+
+#: Buffers handed out by :func:`_appended` → how many leading items are in use (keyed by ``id``; an entry leaves
+#: with its buffer).
+_GROWN_USED: dict[int, int] = {}
+_GROWN_LOCK = threading.Lock()
+
+
+def _appended(view: np.ndarray, tail: Any) -> np.ndarray:
+    """``np.concatenate([view, tail])`` in ``view``'s dtype, for a 1-D array of a snapshot (never written after
+    it is made). When ``view`` is the longest leading view of a buffer this function allocated, the tail is written
+    into the buffer's spare room and a longer view returned: an append costs O(len(tail)), and older snapshots
+    (shorter views) never see the new items. Otherwise the buffer is allocated with spare room (an eighth, at
+    least 256 items) and ``view`` copied once."""
+    tail = np.asarray(tail, dtype=view.dtype).reshape(-1)
+    if view.ndim != 1:
+        return np.concatenate([view, tail])
+    n, k = view.size, tail.size
+    buf = view.base
+    if isinstance(buf, np.ndarray) and buf.ndim == 1 and buf.dtype == view.dtype and n and (
+            view.ctypes.data == buf.ctypes.data and view.strides == buf.strides):
+        with _GROWN_LOCK:
+            if _GROWN_USED.get(id(buf)) == n and n + k <= buf.size:
+                buf[n:n + k] = tail
+                _GROWN_USED[id(buf)] = n + k
+                return buf[:n + k]
+    if not k:
+        return view
+    buf = np.empty(n + k + max(256, (n + k) // 8), dtype=view.dtype)
+    buf[:n] = view
+    buf[n:n + k] = tail
+    with _GROWN_LOCK:
+        _GROWN_USED[id(buf)] = n + k
+    weakref.finalize(buf, _GROWN_USED.pop, id(buf), None)
+    return buf[:n + k]
+
+
+def _same_at(old: np.ndarray, at: np.ndarray, values: Any) -> bool:
+    """Whether ``old[at]`` already holds ``values`` (byte for byte, in ``old``'s dtype: NaN equals NaN)."""
+    if not len(at):
+        return True
+    if old.dtype == object:
+        return all(a is b or a == b for a, b in zip(old[at].tolist(), list(values), strict=True))
+    return old[at].tobytes() == np.asarray(values, dtype=old.dtype).tobytes()
 
 
 @dataclass(frozen=True, eq=False)
@@ -948,6 +1055,17 @@ class StructureChange:
         return old[keep], new[keep]
 
 
+#: Parsed nodes a snapshot keeps (and hands to the snapshot a delta derives from it): the candidates of many
+#: recalls, while a long-lived chat's snapshot never holds every node as a model (~10 KB each).
+MAX_PARSED_NODES = 8192
+
+
+def _newest(nodes: dict[int, Node]) -> list[tuple[int, Node]]:
+    """The :data:`MAX_PARSED_NODES` most recently parsed of ``nodes`` (insertion order), oldest first."""
+    items = list(nodes.items())
+    return items[-MAX_PARSED_NODES:] if len(items) > MAX_PARSED_NODES else items
+
+
 @dataclass(frozen=True, eq=False)
 class NodeStats:
     """The per-node statistics overlay of a snapshot: what recall itself writes (access reinforcement).
@@ -969,7 +1087,7 @@ class GraphSnapshot:
     chat_id: str
     version: int
     model_id: str
-    ids: tuple[str, ...]
+    ids: Sequence[str]  # a tuple, or a SharedPrefix after appending deltas
     index: dict[str, int]
     id_rank: np.ndarray  # (n,) int64: position of each id in byte order
     type_code: np.ndarray  # (n,) int16 into NODE_TYPES
@@ -982,18 +1100,19 @@ class GraphSnapshot:
     is_pov: np.ndarray  # (n,) bool
     owner_type_code: np.ndarray  # (n,) int8: 0 none, 1 character, 2 user
     scope_owner_key: np.ndarray  # (n,) object: lower-cased owner key without "#nodeId", "" when objective
-    scope_owner_name: tuple[str, ...]
-    region_primary: tuple[str, ...]
-    region_tokens: tuple[tuple[str, ...], ...]
-    anchor_terms: tuple[tuple[str, ...], ...]
+    # The string columns: tuples, or SharedPrefix views after appending deltas (see SharedPrefix).
+    scope_owner_name: Sequence[str]
+    region_primary: Sequence[str]
+    region_tokens: Sequence[tuple[str, ...]]
+    anchor_terms: Sequence[tuple[str, ...]]
     anchor_index: dict[str, tuple[int, ...]]  # anchor term → node indices (non-archived), graph order
     anchor_lengths: tuple[int, ...]  # distinct term lengths, descending
     visibility: dict[int, tuple[str, ...]]  # node index → names of ``fields.visibility``
-    segment_id: tuple[str, ...]
+    segment_id: Sequence[str]
     has_story_label: np.ndarray
     tense_code: np.ndarray
-    span_start_segment: tuple[str, ...]
-    span_end_segment: tuple[str, ...]
+    span_start_segment: Sequence[str]
+    span_end_segment: Sequence[str]
     has_span_label: np.ndarray
     prev_index: np.ndarray  # (n,) int64, −1 when none/missing
     next_index: np.ndarray
@@ -1006,7 +1125,7 @@ class GraphSnapshot:
     edge_dst: np.ndarray
     edge_strength: np.ndarray
     edge_inhibit: np.ndarray
-    edge_relation: tuple[str, ...]
+    edge_relation: Sequence[str]
     edge_ids: Sequence[str]  # a tuple, or JoinedStrings (compact) from the store
     incident: sp.csr_matrix  # (n × e) node → incident active edges (values = edge position + 1)
     valid_until_ms: float  # earliest future invalid_at/expired_at; the snapshot is stale after it
@@ -1051,6 +1170,8 @@ class GraphSnapshot:
             )
         with self._lock:
             self._nodes[i] = node
+            if len(self._nodes) > MAX_PARSED_NODES:  # the oldest parse goes: memory stays bounded on any chat
+                self._nodes.pop(next(iter(self._nodes)))
         return node
 
     def node_by_id(self, node_id: str) -> Node | None:
@@ -1388,17 +1509,17 @@ def snapshot_from_graph(
 
 
 class _SplicedBlobs(Sequence[bytes]):
-    """The compressed node JSON of a snapshot updated by a delta: position ``i`` is ``base[take[i]]`` for the rows
-    kept from the previous snapshot (``take[i] >= 0``) and ``extra[i]`` for the rows the delta wrote. Chains of
-    deltas nest; :func:`_spliced` flattens a chain past :data:`_MAX_SPLICE_DEPTH`."""
+    """The compressed node JSON of a snapshot updated by deltas: position ``i`` is ``base[take[i]]`` for the rows
+    kept from the snapshot the store read (``take[i] >= 0``) and ``extra[i]`` for the rows deltas wrote since.
+    A delta on a spliced snapshot composes the two maps (one numpy gather, no nesting); :func:`_spliced` packs the
+    blobs into one :class:`BlobSlices` again when the written rows pass :data:`_MAX_SPLICED_EXTRA`."""
 
-    __slots__ = ("_base", "_extra", "_take", "depth")
+    __slots__ = ("_base", "_extra", "_take")
 
-    def __init__(self, base: Sequence[bytes], take: np.ndarray, extra: Mapping[int, bytes], depth: int) -> None:
+    def __init__(self, base: Sequence[bytes], take: np.ndarray, extra: Mapping[int, bytes]) -> None:
         self._base = base
         self._take = take
         self._extra = dict(extra)
-        self.depth = depth
 
     def __len__(self) -> int:
         return int(self._take.size)
@@ -1413,14 +1534,28 @@ class _SplicedBlobs(Sequence[bytes]):
         return self._item(range(len(self))[i])
 
 
-#: Nested deltas over the node JSON before it is flattened into one tuple of blobs (each level costs a lookup).
-_MAX_SPLICE_DEPTH = 8
+#: Rows written by deltas (held one bytes object each) before the node JSON is packed into one blob again: packing
+#: costs a pass over the chat, so it runs once per this many written rows.
+_MAX_SPLICED_EXTRA = 4096
 
 
 def _spliced(base: Sequence[bytes], take: np.ndarray, extra: Mapping[int, bytes]) -> Sequence[bytes]:
-    depth = base.depth + 1 if isinstance(base, _SplicedBlobs) else 1
-    out = _SplicedBlobs(base, take, extra, depth)
-    return tuple(out) if depth > _MAX_SPLICE_DEPTH else out
+    """``base`` with rows kept (``take[i] >= 0``: ``base[take[i]]``) and written (``extra[i]``), as one level of
+    :class:`_SplicedBlobs` over the blobs the store read, whatever the number of deltas before."""
+    extra = dict(extra)
+    if isinstance(base, _SplicedBlobs):
+        kept = take >= 0
+        inner = np.full(take.size, -1, dtype=np.int64)
+        inner[kept] = base._take[take[kept]]
+        # Rows kept from the previous splice that it had written: their blobs move to this level's extra.
+        for i in np.flatnonzero(kept & (inner < 0)).tolist():
+            extra[i] = base._extra[int(take[i])]
+        take, base = inner, base._base
+    if len(extra) > _MAX_SPLICED_EXTRA:
+        blobs = [base[int(at)] if at >= 0 else extra[i] for i, at in enumerate(take.tolist())]
+        ends = np.fromiter(itertools.accumulate(map(len, blobs)), np.int64, len(blobs))
+        return BlobSlices(b"".join(blobs), ends)
+    return _SplicedBlobs(base, take, extra)
 
 
 def _positions(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
@@ -1442,11 +1577,16 @@ def _merge_column(old: Any, take: np.ndarray | None, updates: dict[int, Any], ad
     (new position → value) replaced, then ``added`` appended. Arrays stay arrays (of the old dtype), others
     become tuples."""
     if isinstance(old, np.ndarray):
+        if take is None and (not updates or _same_at(old, np.fromiter(updates, np.int64, len(updates)),
+                                                     list(updates.values()))):
+            return _appended(old, np.asarray(added, dtype=old.dtype))
         kept = old if take is None else old[take]
         out = np.concatenate([kept, np.asarray(added, dtype=old.dtype)]) if len(added) else kept.copy()
         if updates:
             out[np.fromiter(updates, np.int64, len(updates))] = np.asarray(list(updates.values()), dtype=old.dtype)
         return out
+    if take is None and all(old[i] == v for i, v in updates.items()):
+        return _seq_appended(old, added)
     kept_list = list(old) if take is None else list(map(old.__getitem__, take.tolist()))
     for i, v in updates.items():
         kept_list[i] = v
@@ -1520,7 +1660,7 @@ def _with_stats(snap: GraphSnapshot, delta: SnapshotDelta, at: np.ndarray) -> Gr
         importance[p] = float(new_imp[k])
         reinforced[p] = (node.access_count, node.importance, node.last_access_time)
     with snap._lock:
-        parsed = {i: n for i, n in snap._nodes.items() if i not in reinforced}
+        parsed = {i: n for i, n in _newest(snap._nodes) if i not in reinforced}
     return dataclasses.replace(
         snap, version=delta.version, stats=NodeStats(importance, reinforced), _nodes=parsed, _lock=threading.Lock()
     )
@@ -1556,9 +1696,14 @@ def _merged(
             old_cols[name], take, dict(zip(pos_list, map(col.__getitem__, upd_list), strict=True)),
             [col[k] for k in add_list],
         )
-    ids_list = list(snap.ids) if take is None else list(map(snap.ids.__getitem__, take.tolist()))
-    ids_list.extend(delta.node_ids[k] for k in add_list)
-    rids = np.concatenate([base.rids if take is None else base.rids[take], delta.node_rids[add_k]])
+    ids_list: Sequence[str]
+    if take is None:
+        ids_list = _seq_appended(snap.ids, [delta.node_ids[k] for k in add_list])
+    else:
+        ids_list = list(map(snap.ids.__getitem__, take.tolist()))
+        ids_list.extend(delta.node_ids[k] for k in add_list)
+    rids = _appended(base.rids, delta.node_rids[add_k]) if take is None else np.concatenate(
+        [base.rids[take], delta.node_rids[add_k]])
 
     # Node JSON: kept rows share their blobs.
     texts = snap._node_json
@@ -1594,20 +1739,28 @@ def _merged(
     e_add = np.flatnonzero(~e_ok)
     e_pos = e_remap[e_at[e_upd]]
 
+    edges_appended = e_take.size == e_old.src.size and not e_upd.size
+
     def edge_col(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+        if edges_appended:
+            return _appended(old, new[e_add])
         out = np.concatenate([old[e_take], new[e_add]])
         out[e_pos] = new[e_upd]
         return out
 
-    old_src = np.where(e_old.src >= 0, remap[np.maximum(e_old.src, 0)], -1)
-    old_dst = np.where(e_old.dst >= 0, remap[np.maximum(e_old.dst, 0)], -1)
+    if take is None:  # no node moved: the endpoints stand
+        old_src, old_dst = e_old.src, e_old.dst
+    else:
+        old_src = np.where(e_old.src >= 0, remap[np.maximum(e_old.src, 0)], -1)
+        old_dst = np.where(e_old.dst >= 0, remap[np.maximum(e_old.dst, 0)], -1)
     added_ids = [delta.edge_ids[k] for k in e_add.tolist()]
     added_rel = tuple(delta.edge_relation[k] for k in e_add.tolist())
     edge_ids: Sequence[str]
+    relation: Sequence[str]
     if e_take.size == e_old.src.size and not e_upd.size and isinstance(e_old.edge_ids, JoinedStrings):
         # Only appended edges (a new message): the kept ids and relations are shared, not copied one by one.
         edge_ids = e_old.edge_ids.extended(added_ids)
-        relation = tuple(e_old.relation) + added_rel
+        relation = _seq_appended(e_old.relation, added_rel)
     else:
         e_ids = list(e_old.edge_ids) if e_take.size == e_old.src.size else [
             e_old.edge_ids[i] for i in e_take.tolist()]
@@ -1650,7 +1803,7 @@ def _merged(
             grown = buffer.data[:n]
     if grown is not None:
         emb = grown
-        has_vec = np.concatenate([snap.has_vector, np.zeros(n - kept_n, bool)])
+        has_vec = _appended(snap.has_vector, np.zeros(n - kept_n, bool))
     elif snap.dim and dim:  # one pass: the kept rows and zero rows for the new nodes
         buffer = None
         emb = np.concatenate([snap.embeddings if take is None else snap.embeddings[take],
@@ -1715,12 +1868,23 @@ def _merged(
     # Parsed nodes of the kept rows the delta did not rewrite are the same nodes (with the same overlay): the
     # first recall after a write then parses only the new and changed candidates.
     with snap._lock:
-        parsed = list(snap._nodes.items())
-    for i, node in parsed:
-        j = int(remap[i])
-        if j >= 0 and j not in rewritten:
-            new._nodes[j] = node
+        parsed = dict(_newest(snap._nodes))
+    if take is None:  # positions unchanged: one dict copy, less the rewritten rows
+        for p in rewritten:
+            parsed.pop(p, None)
+        new._nodes.update(parsed)
+    elif parsed:
+        moved = remap[np.fromiter(parsed, np.int64, len(parsed))]
+        keep = moved >= 0
+        if rewritten:
+            keep &= ~np.isin(moved, change.rewritten)
+        new._nodes.update(zip(moved[keep].tolist(), itertools.compress(parsed.values(), keep.tolist()), strict=True))
     return new
+
+
+def _column_seq(col: Sequence[Any]) -> Sequence[Any]:
+    """A string column as a snapshot field: shared when it is a :class:`SharedPrefix`, else a tuple."""
+    return col if isinstance(col, SharedPrefix) else tuple(col)
 
 
 def _row_values(c: dict[str, Any], rows: list[int], index: dict[str, int]) -> dict[str, np.ndarray]:
@@ -1773,27 +1937,51 @@ def _added_entries(
     """``old`` (canonical, grown to ``shape``) with the entries ``(rows, cols, vals)`` added at positions it does
     not hold, equal to a build of all entries at once; ``None`` when an entry repeats a position (of ``old`` or
     of the new ones) or a value is zero (a sum would then depend on the order of additions, or drop a zero that
-    a build keeps): build it then. O(nnz) in C (a sorted merge) plus O(len(rows) log) here."""
+    a build keeps): build it then. O(nnz) in C (one copy of the arrays) plus O(len(rows) log) here."""
     grown = _grown(old, shape)
     if not rows.size:
+        if _zero_free(old):
+            grown._zero_free = True  # type: ignore[attr-defined]
         return grown
-    if not np.all(vals != 0) or (old.data.size and not np.all(old.data != 0)):
+    if not np.all(vals != 0) or not _zero_free(old):
         return None
     keys = rows.astype(np.int64) * shape[1] + cols
     if np.unique(keys).size != keys.size:
         return None
-    r = rows.tolist()
-    for i, j in zip(r, cols.tolist(), strict=True):
-        if i < old.shape[0]:
-            lo, hi = old.indptr[i], old.indptr[i + 1]
-            if hi > lo and j in old.indices[lo:hi]:
-                return None
-    extra = sp.csr_matrix((vals, (rows, cols)), shape=shape)
-    out = grown + extra
-    if out.indptr.dtype != old.indptr.dtype:
-        out.indptr = out.indptr.astype(old.indptr.dtype)
-        out.indices = out.indices.astype(old.indices.dtype)
+    # Where each entry goes in the old data (rows in order, columns sorted within a row): a sorted insert, the
+    # arrays copied once in C (what ``grown + extra`` gives, without a merge over every row).
+    order = np.lexsort((cols, rows))
+    rows, cols, vals = rows[order], cols[order], vals[order]
+    indptr, indices = grown.indptr, old.indices
+    at = np.empty(rows.size, dtype=np.int64)
+    for k, (i, j) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
+        lo, hi = int(indptr[i]), int(indptr[i + 1])
+        p = lo + int(np.searchsorted(indices[lo:hi], j)) if hi > lo else lo
+        if p < hi and indices[p] == j:
+            return None
+        at[k] = p
+    dtype = np.promote_types(old.data.dtype, np.asarray(vals).dtype)
+    data = np.insert(old.data.astype(dtype, copy=False), at, vals.astype(dtype, copy=False))
+    new_indices = np.insert(indices, at, cols.astype(indices.dtype))
+    counts = np.bincount(rows, minlength=shape[0])
+    new_indptr = indptr + np.concatenate([[0], np.cumsum(counts)]).astype(indptr.dtype)
+    if new_indptr[-1] > np.iinfo(indices.dtype).max:
+        return None  # past the index dtype: a build picks a wider one
+    out = sp.csr_matrix((data, new_indices, new_indptr), shape=shape, copy=False)
+    out.has_sorted_indices = True
+    out.has_canonical_format = True
+    out._zero_free = True  # type: ignore[attr-defined]  # non-zero values added to a matrix without zeros
     return out
+
+
+def _zero_free(m: sp.csr_matrix) -> bool:
+    """Whether ``m`` stores no explicit zero: scanned once per matrix, then remembered on it (a matrix
+    :func:`_added_entries` derived from a zero-free one is zero-free, so a chain of appends never scans)."""
+    known = getattr(m, "_zero_free", None)
+    if known is None:
+        known = bool(np.all(m.data != 0)) if m.data.size else True
+        m._zero_free = known  # type: ignore[attr-defined]
+    return bool(known)
 
 
 def _appended_snapshot(
@@ -1810,8 +1998,8 @@ def _appended_snapshot(
     assert isinstance(source.node_index, NodeIndexTable)
     c = source.node_index.columns()
     n = len(source.node_ids)
-    ids = tuple(source.node_ids)
-    new_ids = ids[n_old:]
+    ids = source.node_ids if isinstance(source.node_ids, SharedPrefix) else tuple(source.node_ids)
+    new_ids = tuple(ids[n_old:])
     index = dict(snap.index)
     index.update(zip(new_ids, range(n_old, n), strict=True))
     rw = sorted(rewritten)
@@ -1831,6 +2019,9 @@ def _appended_snapshot(
     arrays: dict[str, np.ndarray] = {}
     for name, v in vals.items():
         old = snap.importance if name == "importance" else getattr(snap, name)
+        if name not in ("prev_index", "next_index") and _same_at(old, rw_at, v[:n_rw]):
+            arrays[name] = _appended(old, v[n_rw:])  # shared with the parent: written no further below
+            continue
         out = np.concatenate([old, v[n_rw:]])
         out[rw_at] = v[:n_rw]
         arrays[name] = out
@@ -1894,7 +2085,7 @@ def _appended_snapshot(
     e_base = snap.edge_src.size
     e_count = e_base + a_new.size
     kept_list = (kept_at + e_old).tolist()
-    relation_t = snap.edge_relation + tuple(map(cols.relation.__getitem__, kept_list))
+    relation_t = _seq_appended(snap.edge_relation, map(cols.relation.__getitem__, kept_list))
     added_ids = list(map(cols.edge_ids.__getitem__, kept_list))
     edge_ids_t: Sequence[str] = (
         snap.edge_ids.extended(added_ids) if isinstance(snap.edge_ids, JoinedStrings)
@@ -1918,7 +2109,7 @@ def _appended_snapshot(
         m.sum_duplicates()
         return m
 
-    edge_inhibit = np.concatenate([snap.edge_inhibit, inh_new])
+    edge_inhibit = _appended(snap.edge_inhibit, inh_new)
     adjacency = sym(snap.adjacency, ~inh_new, ~edge_inhibit)
     inhibit = sym(snap.inhibit, inh_new, edge_inhibit)
     epos = np.arange(e_base, e_count, dtype=np.int64)
@@ -1950,7 +2141,9 @@ def _appended_snapshot(
         lo, hi = np.minimum(left[ok2], right[ok2]), np.maximum(left[ok2], right[ok2])
         new_keys.append(lo * nn + hi)
     add = np.unique(np.concatenate(new_keys))
-    add = add[~np.isin(add, kept_keys)]
+    if add.size and kept_keys.size:  # kept_keys is sorted (the pairs are): a binary search, not a sort of it
+        at = np.minimum(np.searchsorted(kept_keys, add), kept_keys.size - 1)
+        add = add[kept_keys[at] != add]
     keys = np.insert(kept_keys, np.searchsorted(kept_keys, add), add)
     temporal_pairs = np.stack([keys // nn, keys % nn], axis=1).astype(np.int64)
 
@@ -1966,16 +2159,16 @@ def _appended_snapshot(
         id_rank=id_rank, type_code=arrays["type_code"], archived=archived, seq=arrays["seq"],
         seq_start=arrays["seq_start"], seq_end=arrays["seq_end"], stats=NodeStats(arrays["importance"]),
         created_time=arrays["created_time"], is_pov=arrays["is_pov"], owner_type_code=arrays["owner_type_code"],
-        scope_owner_key=arrays["scope_owner_key"], scope_owner_name=tuple(c["owner_name"]),
-        region_primary=tuple(c["region_primary"]), region_tokens=tuple(c["region_tokens"]),
-        anchor_terms=tuple(c["anchor_terms"]), anchor_index=anchor_t, anchor_lengths=anchor_lengths,
-        visibility=visibility, segment_id=tuple(c["segment_id"]), has_story_label=arrays["has_story_label"],
-        tense_code=arrays["tense_code"], span_start_segment=tuple(c["span_start_segment"]),
-        span_end_segment=tuple(c["span_end_segment"]), has_span_label=arrays["has_span_label"],
+        scope_owner_key=arrays["scope_owner_key"], scope_owner_name=_column_seq(c["owner_name"]),
+        region_primary=_column_seq(c["region_primary"]), region_tokens=_column_seq(c["region_tokens"]),
+        anchor_terms=_column_seq(c["anchor_terms"]), anchor_index=anchor_t, anchor_lengths=anchor_lengths,
+        visibility=visibility, segment_id=_column_seq(c["segment_id"]), has_story_label=arrays["has_story_label"],
+        tense_code=arrays["tense_code"], span_start_segment=_column_seq(c["span_start_segment"]),
+        span_end_segment=_column_seq(c["span_end_segment"]), has_span_label=arrays["has_span_label"],
         prev_index=prev_index, next_index=next_index, embeddings=source.embeddings,
         has_vector=source.embeddings_normalised, adjacency=adjacency, inhibit=inhibit, temporal_pairs=temporal_pairs,
-        edge_src=np.concatenate([snap.edge_src, a_new]), edge_dst=np.concatenate([snap.edge_dst, b_new]),
-        edge_strength=np.concatenate([snap.edge_strength, s_new]), edge_inhibit=edge_inhibit,
+        edge_src=_appended(snap.edge_src, a_new), edge_dst=_appended(snap.edge_dst, b_new),
+        edge_strength=_appended(snap.edge_strength, s_new), edge_inhibit=edge_inhibit,
         edge_relation=relation_t, edge_ids=edge_ids_t, incident=incident, valid_until_ms=valid_until,
         knowledge=knowledge, knowledge_state=source.knowledge, regions=source.regions, timeline=source.timeline,
         summaries=source.summaries, history=source.history, journal=tuple(source.journal), built_at_ms=now_ms,
@@ -2097,7 +2290,7 @@ class SnapshotCache:
                 importance[i] = value
             stale = set(idx)
             with snap._lock:
-                parsed = {i: n for i, n in snap._nodes.items() if i not in stale}
+                parsed = {i: n for i, n in _newest(snap._nodes) if i not in stale}
             self._items[key] = dataclasses.replace(
                 snap, version=new_version, stats=NodeStats(importance, reinforced), _nodes=parsed,
                 _lock=threading.Lock(),

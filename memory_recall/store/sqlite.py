@@ -488,7 +488,7 @@ def _load(cls: type[T], text: str, what: str) -> T:
 
 
 class _NodeParseMemo:
-    """Parsed nodes by their exact stored JSON, least recently used evicted past ``limit``.
+    """Parsed nodes by their exact stored JSON, least recently used evicted past ``limit``, one version per node id.
 
     Every message event reads all of the chat's character and entity nodes (the names a message may mention);
     parsing them is most of the event's cost (1,200 nodes: ~40 ms at 10k), and between two events almost none
@@ -499,24 +499,40 @@ class _NodeParseMemo:
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._items: OrderedDict[str, Node] = OrderedDict()
+        self._text_of: dict[str, str] = {}  # node id → the text of its newest version held
         self._lock = threading.Lock()
 
-    def load(self, text: str) -> Node:
+    def load(self, text: str, keep: Callable[[Node], bool] | None = None) -> Node:
+        """The node ``text`` parses to; remembered only when ``keep`` (if given) accepts it."""
         with self._lock:
             node = self._items.get(text)
             if node is not None:
                 self._items.move_to_end(text)
                 return node
         node = _load(Node, text, "node")
+        if keep is not None and not keep(node):
+            return node
         with self._lock:
+            # One text per node id: a rewritten owner (each message event may touch its speaker) replaces its
+            # older text instead of piling up versions until the limit.
+            previous = self._text_of.get(node.id)
+            if previous is not None and previous != text:
+                self._items.pop(previous, None)
+            self._text_of[node.id] = text
             self._items[text] = node
             if len(self._items) > self._limit:
-                self._items.popitem(last=False)
+                gone, old = self._items.popitem(last=False)
+                if self._text_of.get(old.id) == gone:
+                    del self._text_of[old.id]
         return node
 
 
 #: Process-wide: the character and entity nodes of the chats being written (a 100k-node chat has ~12,000).
 _PARSED_NODES = _NodeParseMemo(16_384)
+
+
+def _is_owner(node: Node) -> bool:
+    return node.type in OWNER_TYPES
 
 
 #: ``(seq, node_id, prev_id, next_id)`` of one active message node, as :meth:`StoreReader.message_chain` reads it.
@@ -603,7 +619,9 @@ class _ChatEntry:
         (an older node turned into a character/entity: its position in insertion order is unknown here)."""
         changed: list[tuple[int, str]] = []
         for nid, text in log.items():
-            new = None if text is None else _PARSED_NODES.load(text)
+            # Only owner nodes are remembered: every message of a long chat passes here once, and would push the
+            # owners out of the memo (and hold ~20 KB each).
+            new = None if text is None else _PARSED_NODES.load(text, _is_owner)
             old = self.owners.get(nid)
             if new is not None and new.type in OWNER_TYPES:
                 if nid in created:

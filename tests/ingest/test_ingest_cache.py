@@ -23,6 +23,7 @@ from memory_recall.ingest.messages import (
 )
 from memory_recall.model import ChatMessage
 from memory_recall.model.graph import Node
+from memory_recall.store import sqlite as sqlite_module
 from memory_recall.store.sqlite import Store, StoreReader
 
 CHAT = "chat-cache"
@@ -256,3 +257,21 @@ class TestCacheUse:
         assert cached.chain is None and cached.runs is not None
         assert [run.links for run in cached.runs] == [tuple(chain[-2:])]  # two before the new floor, none after
         assert (cached.runs[0].at_start, cached.runs[0].at_end) == (False, True)
+
+    def test_parse_memo_holds_owners_once_and_no_messages(self, store: Store,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+        """The process-wide parse memo keeps the owner nodes, one version each (a rewritten owner replaces its
+        older text), and none of the message nodes every event writes: its size follows the owners, not the
+        length of the chat."""
+        memo = sqlite_module._NodeParseMemo(1000)
+        monkeypatch.setattr(sqlite_module, "_PARSED_NODES", memo)
+        ingest_messages(store, CHAT, [_turn(f) for f in range(4)], now_ms=NOW)
+        for f in range(4, 40):
+            ingest_messages(store, CHAT, [_turn(f, f"Saltmere and Oscar, turn {f}.")], now_ms=NOW + f)
+        with store.read() as r:
+            owners = r.get_nodes_by_type(CHAT, ("character", "entity"))
+        held = {node.id: text for text, node in memo._items.items()}
+        assert len(held) == len(memo._items) == len(memo._text_of)
+        assert sorted(held) == sorted(n.id for n in owners)
+        assert {held[n.id] for n in owners} == {n.model_dump_json() for n in owners}  # the newest version each
+        assert all(node.type in ("character", "entity") for node in memo._items.values())

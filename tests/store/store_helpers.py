@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from hypothesis import strategies as st
 
 from memory_recall.model.graph import NODE_TYPES, Edge, Node
-from memory_recall.store.snapshot import JoinedStrings, PackedTexts
+from memory_recall.store.snapshot import JoinedStrings, PackedTexts, SharedPrefix
 
 _counter = itertools.count()
 
@@ -210,9 +210,12 @@ def graphs(draw: st.DrawFn) -> tuple[list[Node], list[Edge]]:
 def exactly_equal(x: Any, y: Any) -> bool:
     """Whether two snapshot field values are exactly equal: arrays by dtype, shape and bytes (object arrays by
     value), sparse matrices by their three arrays, dataclasses field by field, the compact text sequences item
-    by item (every item a ``str``), dicts in key order."""
+    by item (every item a ``str``), a :class:`SharedPrefix` as the tuple of its items, dicts in key order."""
     if isinstance(x, PackedTexts | JoinedStrings) or isinstance(y, PackedTexts | JoinedStrings):  # compact forms
         return list(x) == list(y) and all(type(t) is str for t in (*x, *y))
+    if isinstance(x, SharedPrefix) or isinstance(y, SharedPrefix):  # a tuple's items, shared along appends
+        return isinstance(x, SharedPrefix | tuple) and isinstance(y, SharedPrefix | tuple) and len(x) == len(y) and all(
+            exactly_equal(p, q) for p, q in zip(x, y, strict=True))
     if type(x) is not type(y):
         return False
     if isinstance(x, np.ndarray):

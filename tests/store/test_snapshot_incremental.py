@@ -28,6 +28,7 @@ from memory_recall.pipeline.retrieve import retrieve
 from memory_recall.pipeline.state import Providers, RecallQuery
 from memory_recall.settings import RecallSettings
 from memory_recall.store import Store
+from memory_recall.store import snapshot as snapshot_module
 from memory_recall.store.snapshot import (
     GraphSnapshot,
     SnapshotCache,
@@ -392,3 +393,50 @@ def test_a_new_message_updates_the_caches_from_the_parent(world: _World) -> None
     assert new.embeddings.shape == before.shape and new.embeddings.tobytes() == before.tobytes()
     assert newer.embeddings[: new.n].tobytes() == before.tobytes()
     assert _differences(newer, build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 10_000)), min_size=1, max_size=30),
+       st.integers(2, 6))
+def test_spliced_node_json_equals_the_spliced_list(steps: list[tuple[int, int, int]], limit: int) -> None:
+    """Deltas on the node JSON (rows deleted, rewritten, appended), composed into one level over the blobs the store
+    read and packed into one blob past the limit of written rows: item for item the list they describe."""
+    rng = np.random.default_rng(len(steps))
+    model = [f"b{i}".encode() for i in range(8)]
+    ends = np.cumsum([len(b) for b in model])
+    blobs: Any = snapshot_module.BlobSlices(b"".join(model), ends)
+    old_limit = snapshot_module._MAX_SPLICED_EXTRA
+    snapshot_module._MAX_SPLICED_EXTRA = limit
+    try:
+        for k, (deleted, rewritten, added) in enumerate(steps):
+            n = len(model)
+            keep = np.sort(rng.choice(n, size=max(n - min(deleted, n - 1), 1), replace=False))
+            take = np.concatenate([keep, np.full(added % 3, -1, np.int64)]).astype(np.int64)
+            extra: dict[int, bytes] = {}
+            for p in rng.choice(keep.size, size=min(rewritten, keep.size), replace=False).tolist():
+                take[p] = -1
+                extra[p] = f"r{k}.{p}".encode()
+            for j in range(added % 3):
+                extra[keep.size + j] = f"a{k}.{j}".encode()
+            model = [extra[i] if at < 0 else model[at] for i, at in enumerate(take.tolist())]
+            blobs = snapshot_module._spliced(blobs, take, extra)
+            assert list(blobs) == model and len(blobs) == len(model)
+            assert not isinstance(getattr(blobs, "_base", None), snapshot_module._SplicedBlobs)
+    finally:
+        snapshot_module._MAX_SPLICED_EXTRA = old_limit
+
+
+def test_parsed_nodes_stay_bounded_and_carry_the_newest(world: _World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot keeps at most MAX_PARSED_NODES parsed nodes (the oldest parse goes), and the snapshot a delta
+    derives from it takes over the newest of them: the same nodes as parsed afresh."""
+    monkeypatch.setattr(snapshot_module, "MAX_PARSED_NODES", 5)
+    snap = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    fresh = build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)
+    for i in range(12):
+        assert snap.node(i) == fresh.node(i)
+    assert list(snap._nodes) == [7, 8, 9, 10, 11]
+    assert world.apply("message", 4) == "delta"
+    new = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    rewritten = set(new.structure.change.rewritten.tolist()) if new.structure.change else set()
+    assert list(new._nodes) == [i for i in (7, 8, 9, 10, 11) if i not in rewritten]
+    assert all(new._nodes[i] is snap._nodes[i] for i in new._nodes)
