@@ -56,7 +56,7 @@ Departures (recall-spec)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -79,6 +79,9 @@ from memory_recall.pipeline.state import (
 from memory_recall.settings import AnchorSettings, CrossRecallSettings, DiffusionSettings, SelectionSettings
 from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot
 
+if TYPE_CHECKING:
+    from memory_recall.store.snapshot import StructureChange
+
 __all__ = ["CrossRecallStage"]
 
 _SCORE_KIND = "raw_candidate_scores"
@@ -100,7 +103,7 @@ def _first_occurrence(idx: np.ndarray) -> np.ndarray | None:
 def _cooccurrence_eligible_mask(snapshot: GraphSnapshot) -> np.ndarray:
     """(n,) bool: :func:`cooccurrence_eligible` of every node, built once per snapshot (n bytes: 100 kB at 100k
     nodes). Only nodes of the anchor index (the non-archived nodes with an anchor term) can be eligible, so only
-    they are tested."""
+    they are tested. After a delta it is updated from the parent structure's mask (:func:`_updated_eligible`)."""
 
     def build() -> np.ndarray:
         mask = np.zeros(snapshot.n, dtype=bool)
@@ -108,7 +111,35 @@ def _cooccurrence_eligible_mask(snapshot: GraphSnapshot) -> np.ndarray:
         mask[with_term] = cooccurrence_eligible(snapshot, with_term)
         return mask
 
-    return cached(snapshot, "cross-recall-cooccurrence-eligible", build)[0]
+    def update(previous: np.ndarray, change: StructureChange) -> np.ndarray | None:
+        return _updated_eligible(snapshot, previous, change)
+
+    return cached(snapshot, "cross-recall-cooccurrence-eligible", build, update)[0]
+
+
+def _updated_eligible(snapshot: GraphSnapshot, previous: np.ndarray, change: StructureChange) -> np.ndarray | None:
+    """The eligibility mask of ``snapshot`` from the parent structure's (``previous``) after any delta: a node's
+    eligibility derives from its own row only (archived flag, type, anchor terms; a node is in the anchor index
+    exactly when it is non-archived with a term), so the carried rows keep theirs and only the rewritten and
+    appended rows are tested again. O(n) in C, O(changed) Python. ``None`` (build) when the parent's mask does not
+    have the parent's node count."""
+    n = snapshot.n
+    if previous.shape != (change.n_old,) or change.n_new != n:
+        return None
+    if change.appended_only and change.appended == change.n_old:
+        # The identity remap: the old rows stay in place, the new ones follow.
+        mask = np.concatenate([previous, np.zeros(n - change.n_old, dtype=bool)])
+        todo = np.concatenate([change.rewritten, np.arange(change.n_old, n, dtype=np.int64)])
+    else:
+        old, new = change.carried()
+        mask = np.zeros(n, dtype=bool)
+        mask[new] = previous[old]
+        redo = np.ones(n, dtype=bool)
+        redo[new] = False
+        todo = np.flatnonzero(redo)
+    if todo.size:
+        mask[todo] = cooccurrence_eligible(snapshot, todo)
+    return mask
 
 
 def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:

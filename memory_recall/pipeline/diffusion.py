@@ -32,7 +32,10 @@ Invariants
     (:func:`diffusion_adjacency`); a visibility mask is applied by zeroing the rows and columns of
     hidden nodes (cached per mask digest), so no hidden node receives energy or relays it. The last
     ranking computed on an adjacency is kept with it (:func:`diffuse`): the cross-recall stage's
-    re-diffusion with unchanged seeds reuses it. No Python loop over nodes.
+    re-diffusion with unchanged seeds reuses it. After an appended-only delta (a new message) the base and the
+    masked adjacency are derived from the parent structure's instead of built: only the rows the delta changed
+    are computed (as the build computes them) and spliced into the parent's matrices, equal to a build array by
+    array (:func:`_updated_adjacency`, :func:`_derived_masked`). No Python loop over nodes.
 Departures (recall-spec)
     * 2 — hidden nodes never receive energy and never appear in the result (reference §7 item 2: diffusion
       re-introduced them; scenario 38).
@@ -43,8 +46,9 @@ Departures (recall-spec)
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -55,6 +59,9 @@ from memory_recall.pipeline.kind_weights import MESSAGE_TYPE_CODE
 from memory_recall.pipeline.state import QueryPlan, RecallState, StageResult, StageTrace, timed
 from memory_recall.settings import AnchorSettings, DiffusionSettings
 from memory_recall.store.snapshot import GraphSnapshot
+
+if TYPE_CHECKING:
+    from memory_recall.store.snapshot import StructureChange
 
 __all__ = [
     "ENERGY_CLAMP",
@@ -174,6 +181,23 @@ def _temporal_strength(settings: DiffusionSettings) -> float:
     return float(settings.temporal_link_strength) if settings.enable_temporal_links else 0.0
 
 
+def _hub_degree(csr: sp.csr_array, counted: np.ndarray | None) -> np.ndarray:
+    """(rows,) float64 degree of each row of ``csr``: its stored entries, or with ``counted`` (an (n,) boolean mask
+    of the columns) only those it marks. Exact integers, whatever rows the matrix holds (a row's degree does not
+    depend on the other rows)."""
+    if counted is None:
+        return np.diff(csr.indptr).astype(np.float64)
+    # Row sums of the counted neighbours by differences of one prefix sum (exact: 0/1 values), which also holds
+    # for empty rows at the end (``np.add.reduceat`` rejects a start offset equal to nnz).
+    prefix = np.concatenate(([0.0], np.cumsum(np.asarray(counted, dtype=np.float64)[csr.indices])))
+    return prefix[csr.indptr[1:]] - prefix[csr.indptr[:-1]]
+
+
+def _damping(degree: np.ndarray, threshold: int, exponent: float) -> np.ndarray:
+    """``min(1, threshold / degree) ** exponent`` per node (elementwise: a subset gives the same values)."""
+    return np.minimum(1.0, threshold / np.maximum(degree, 1.0)) ** float(exponent)
+
+
 def hub_factors(
     adjacency: sp.csr_matrix | sp.csr_array, threshold: int, exponent: float, counted: np.ndarray | None = None
 ) -> np.ndarray:
@@ -183,15 +207,7 @@ def hub_factors(
     n = adjacency.shape[0]
     if threshold <= 0 or n == 0:
         return np.ones(n)
-    csr = sp.csr_array(adjacency)
-    if counted is not None:
-        # Row sums of the counted neighbours by differences of one prefix sum (exact: 0/1 values), which also holds
-        # for empty rows at the end (``np.add.reduceat`` rejects a start offset equal to nnz).
-        prefix = np.concatenate(([0.0], np.cumsum(np.asarray(counted, dtype=np.float64)[csr.indices])))
-        degree = prefix[csr.indptr[1:]] - prefix[csr.indptr[:-1]]
-    else:
-        degree = np.diff(csr.indptr).astype(np.float64)
-    return np.minimum(1.0, threshold / np.maximum(degree, 1.0)) ** float(exponent)
+    return _damping(_hub_degree(sp.csr_array(adjacency), counted), threshold, exponent)
 
 
 def _unique_pairs(pairs: np.ndarray, n: int) -> np.ndarray:
@@ -206,21 +222,128 @@ def _unique_pairs(pairs: np.ndarray, n: int) -> np.ndarray:
     return np.stack([first, second], axis=1)
 
 
+#: Temporal pair keys of :class:`_Provenance`: ``low · 2**32 + high`` (independent of n, so a parent's keys compare
+#: with a child's; updates need n < 2**31).
+_PAIR_SHIFT = 32
+_PAIR_LOW = (1 << _PAIR_SHIFT) - 1
+_MAX_UPDATE_N = 1 << 31
+
+#: ``Adjacency.derived`` keys of this module: what an update needs of the snapshot the adjacency was derived from
+#: (:class:`_Provenance`), and the parent adjacency plus the rows an update replaced (:func:`_derived_masked`).
+_PROVENANCE = "diffusion-provenance"
+_UPDATED_FROM = "diffusion-updated-from"
+
+#: An update replacing more rows than this share of the graph (and more than the minimum) builds instead: the build
+#: is then as cheap.
+_MAX_UPDATE_SHARE = 0.25
+_MIN_UPDATE_ROWS = 256
+
+
+def _too_many(rows: int, n: int) -> bool:
+    return rows > max(_MIN_UPDATE_ROWS, _MAX_UPDATE_SHARE * 2 * n)
+
+
+@dataclass(frozen=True, eq=False)
+class _Provenance:
+    """What :func:`_updated_adjacency` needs of the snapshot a base adjacency was derived from: its node count,
+    its active edge count (an appended-only delta appends edges after them), the temporal pairs the build added
+    (sorted unique keys, empty when none were added), and with hub damping the counted-neighbour mask (``None``
+    for "all") and the per-node factors. Arrays shared, never modified."""
+
+    n: int
+    edges: int
+    pair_keys: np.ndarray
+    counted: np.ndarray | None
+    factors: np.ndarray | None
+
+
+def _pair_keys(pairs: np.ndarray) -> np.ndarray:
+    """Sorted unique keys ``low · 2**32 + high`` of (P, 2) pairs sorted within each row (``low <= high``)."""
+    return np.unique((pairs[:, 0] << _PAIR_SHIFT) | pairs[:, 1])
+
+
+def _temporal_keys(snapshot: GraphSnapshot) -> np.ndarray:
+    """:func:`_pair_keys` of the snapshot's temporal pairs as the build deduplicates them (each unordered pair
+    once). O(t) when the pairs are already sorted and unique with ``low < high`` (as the snapshot keeps them),
+    else a sort."""
+    pairs = np.asarray(snapshot.temporal_pairs, dtype=np.int64).reshape(-1, 2)
+    if pairs.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = (pairs[:, 0] << _PAIR_SHIFT) | pairs[:, 1]
+    if bool((pairs[:, 0] < pairs[:, 1]).all()) and bool((keys[1:] > keys[:-1]).all()):
+        return keys
+    return _pair_keys(np.sort(pairs, axis=1))
+
+
+def _sorted_xor(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.setxor1d`` of two sorted unique arrays: their common prefix and suffix are skipped by an O(len)
+    comparison in C, only the windows between are compared as sets (a pair added or dropped here and there: a few
+    elements)."""
+    m = min(a.size, b.size)
+    differ = a[:m] != b[:m]
+    head = int(np.argmax(differ)) if differ.any() else m  # equal leading elements
+    rest = m - head
+    differ = a[a.size - rest :] != b[b.size - rest :]
+    tail = int(np.argmax(differ[::-1])) if differ.any() else rest  # equal trailing elements (within the rest)
+    return np.setxor1d(a[head : a.size - tail], b[head : b.size - tail], assume_unique=True)
+
+
+def _temporal_rows(
+    keys: np.ndarray, rows: np.ndarray, local: np.ndarray, k: int, n: int, strength: float
+) -> sp.csr_array:
+    """Rows ``rows`` (sorted; their positions ``local`` among the ``k`` output rows) of the symmetric
+    temporal matrix of the pair ``keys``: each pair gives its ``(low, high)`` and ``(high, low)`` entries of
+    ``min(1, strength)``, summed like the build's (a ``low == high`` pair twice)."""
+    if rows.size == 0:
+        return sp.csr_array((k, n), dtype=np.float64)
+    low, high = keys >> _PAIR_SHIFT, keys & _PAIR_LOW
+    # ``rows`` is sorted: a pair end's position among them by a search (no (n,) lookup table).
+    lo_at = np.minimum(np.searchsorted(rows, low), rows.size - 1)
+    hi_at = np.minimum(np.searchsorted(rows, high), rows.size - 1)
+    lo_in, hi_in = rows[lo_at] == low, rows[hi_at] == high
+    r = np.concatenate([local[lo_at[lo_in]], local[hi_at[hi_in]]])
+    c = np.concatenate([high[lo_in], low[hi_in]])
+    w = np.full(r.size, min(1.0, strength))
+    return sp.csr_array((w, (r, c)), shape=(k, n))
+
+
+def _normal_rows(
+    adjacency: sp.csr_array, left: np.ndarray | None, right: np.ndarray | None, temporal: sp.csr_array | None
+) -> sp.csr_array:
+    """The diffusion's normal matrix from (some rows of) the snapshot's adjacency: real edges damped at hubs
+    (``diag(left) · A · diag(right)``, ``left`` the factors of the rows held, ``right`` of every node) when
+    ``left`` is given, plus ``temporal`` (the same rows of the temporal matrix) when given, canonical. Each
+    output row depends only on the same input row (sparse products and sums are computed row by row), so the
+    rows of a full build equal this on those rows alone: builds and updates share it."""
+    normal = adjacency
+    if left is not None and right is not None:
+        normal = sp.csr_array(sp.diags_array(left) @ normal @ sp.diags_array(right))
+    if temporal is not None:
+        normal = sp.csr_array(normal + temporal)
+    normal.sum_duplicates()
+    normal.sort_indices()
+    return normal
+
+
 def _build_adjacency(
     snapshot: GraphSnapshot, strength: float, hub_threshold: int = 0, hub_exponent: float = 1.0,
     hub_counts: str = "all",
 ) -> Adjacency:
     """The kernel's :class:`Adjacency` from the snapshot's CSR matrices plus the temporal links
     (reference §1.3: each unordered prev/next pair once, added to any real edge between the same
-    nodes), real edges damped at hubs (``D·A·D``, ``D = diag(hub_factors)``). O(E + T)."""
+    nodes), real edges damped at hubs (``D·A·D``, ``D = diag(hub_factors)``). O(E + T). Its ``derived`` holds
+    the :class:`_Provenance` an update from it needs."""
     n = snapshot.n
     normal = sp.csr_array(snapshot.adjacency.copy(), dtype=np.float64)
+    counted: np.ndarray | None = None
+    factors: np.ndarray | None = None
     if hub_threshold > 0 and n:
         # hub_counts "message": only message neighbours count, so an extracted graph (no turns) is never damped.
         counted = snapshot.type_code == MESSAGE_TYPE_CODE if hub_counts == "message" else None
-        damp = sp.diags_array(hub_factors(normal, hub_threshold, hub_exponent, counted))
-        normal = sp.csr_array(damp @ normal @ damp)
+        factors = hub_factors(normal, hub_threshold, hub_exponent, counted)
     synthetic = 0
+    temporal: sp.csr_array | None = None
+    keys = np.zeros(0, dtype=np.int64)
     pairs = np.asarray(snapshot.temporal_pairs, dtype=np.int64).reshape(-1, 2)
     if strength > 0 and pairs.size:
         pairs = _unique_pairs(np.sort(pairs, axis=1), n)
@@ -230,24 +353,266 @@ def _build_adjacency(
             (w, (np.concatenate([pairs[:, 0], pairs[:, 1]]), np.concatenate([pairs[:, 1], pairs[:, 0]]))),
             shape=(n, n),
         )
-        normal = sp.csr_array(normal + temporal)
-    normal.sum_duplicates()
-    normal.sort_indices()
+        if n < _MAX_UPDATE_N:
+            keys = (pairs[:, 0] << _PAIR_SHIFT) | pairs[:, 1]  # sorted and unique already
+    normal = _normal_rows(normal, factors, factors, temporal)
     inhibit = sp.csr_array(snapshot.inhibit.copy(), dtype=np.float64)
     inhibit.sum_duplicates()
     inhibit.sort_indices()
-    return Adjacency(normal=normal, inhibit=inhibit, synthetic_edge_count=synthetic)
+    adj = Adjacency(normal=normal, inhibit=inhibit, synthetic_edge_count=synthetic)
+    adj.derived[_PROVENANCE] = _Provenance(n, int(snapshot.edge_src.size), keys, counted, factors)
+    return adj
+
+
+def _union(*parts: np.ndarray) -> np.ndarray:
+    """Sorted unique int64 union of index arrays."""
+    return np.unique(np.concatenate([np.asarray(p, dtype=np.int64).reshape(-1) for p in parts]))
+
+
+def _rows_of(mat: sp.csr_array | sp.csr_matrix, rows: np.ndarray) -> sp.csr_array:
+    """``mat[rows]`` as a ``csr_array`` (each row's stored entries verbatim, same dtypes) by one numpy gather: a
+    few rows of a large matrix without scipy's fancy-indexing overhead. O(entries of those rows)."""
+    indptr = mat.indptr
+    starts, ends = indptr[rows], indptr[rows + 1]
+    lengths = (ends - starts).astype(np.int64)
+    out_ptr = np.zeros(rows.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out_ptr[1:])
+    at = np.repeat(starts.astype(np.int64) - out_ptr[:-1], lengths) + np.arange(int(out_ptr[-1]), dtype=np.int64)
+    # Set on an empty matrix (no format flags cached yet): the constructor could narrow the index dtype.
+    out = sp.csr_array((rows.size, mat.shape[1]), dtype=mat.data.dtype)
+    out.data, out.indices, out.indptr = mat.data[at], mat.indices[at], out_ptr.astype(mat.indptr.dtype)
+    return out
+
+
+def _neighbours(mat: sp.csr_array | sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
+    """Columns stored in the ``rows`` of ``mat`` (a symmetric matrix: the nodes linked to them)."""
+    if rows.size == 0:
+        return rows
+    indptr, indices = mat.indptr, mat.indices
+    if rows.size == 1:
+        r = int(rows[0])
+        return indices[indptr[r] : indptr[r + 1]].astype(np.int64)
+    return np.asarray(_rows_of(mat, rows).indices, dtype=np.int64)
+
+
+def _spliced(old: sp.csr_array, rows: np.ndarray, sub: sp.csr_array, n: int) -> sp.csr_array | None:
+    """``old`` (canonical, n_old × n_old) grown to n × n, with its rows at ``rows`` (sorted unique, appended rows
+    included when they hold entries) replaced by the rows of ``sub`` (one per entry of ``rows``, in that order;
+    canonical): the untouched runs of rows are copied in C, O(len(rows)) Python. ``None`` when the index dtypes
+    differ or the result would not fit them (build then)."""
+    dtype = old.indices.dtype
+    if sub.indices.dtype != dtype or old.indptr.dtype != dtype or sub.indptr.dtype != dtype:
+        return None
+    n_old = old.shape[0]
+    if rows.size == 0 or rows[0] >= n_old:
+        # Only appended rows (a new message linked to new nodes only): the old rows, then the new ones.
+        nnz = int(old.indptr[-1])
+        if nnz + int(sub.indptr[-1]) > np.iinfo(dtype).max:
+            return None
+        lengths = np.zeros(n - n_old, dtype=np.int64)
+        lengths[rows - n_old] = np.diff(sub.indptr)
+        tail = nnz + np.cumsum(lengths)
+        parts = (
+            np.concatenate([old.data[:nnz], sub.data]), np.concatenate([old.indices[:nnz], sub.indices]),
+            np.concatenate([old.indptr, tail.astype(dtype)]),
+        )
+    else:
+        spliced = _spliced_rows(old, rows, sub, n)
+        if spliced is None:
+            return None
+        parts = spliced
+    data, indices, indptr = parts
+    if indices.dtype != dtype or indptr.dtype != dtype or data.dtype != old.data.dtype:
+        return None
+    # The arrays are set on an empty matrix: the constructor would scan all the indices again to pick their dtype.
+    out = sp.csr_array((n, n), dtype=data.dtype)
+    out.data, out.indices, out.indptr = data, indices, indptr
+    out.has_canonical_format = True  # every row is canonical, from one canonical matrix or the other
+    return out
+
+
+def _spliced_rows(
+    old: sp.csr_array, rows: np.ndarray, sub: sp.csr_array, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(data, indices, indptr)`` of :func:`_spliced` when old rows are replaced: the untouched runs of old rows
+    and the new rows in turn."""
+    dtype = old.indices.dtype
+    n_old = old.shape[0]
+    counts = np.zeros(n, dtype=np.int64)
+    counts[:n_old] = np.diff(old.indptr)
+    counts[rows] = np.diff(sub.indptr)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    if int(indptr[-1]) > np.iinfo(dtype).max:
+        return None
+    data_parts: list[np.ndarray] = []
+    index_parts: list[np.ndarray] = []
+    starts = np.flatnonzero(np.diff(rows, prepend=-2) != 1)  # runs of consecutive rows
+    ends = np.append(starts[1:], rows.size) if rows.size else starts
+    nxt = 0  # the first old row not copied yet
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        first = int(rows[a])
+        stop = min(first, n_old)
+        if stop > nxt:
+            lo, hi = int(old.indptr[nxt]), int(old.indptr[stop])
+            data_parts.append(old.data[lo:hi])
+            index_parts.append(old.indices[lo:hi])
+        lo, hi = int(sub.indptr[a]), int(sub.indptr[b])
+        data_parts.append(sub.data[lo:hi])
+        index_parts.append(sub.indices[lo:hi])
+        nxt = first + (b - a)
+    if nxt < n_old:
+        lo, hi = int(old.indptr[nxt]), int(old.indptr[n_old])
+        data_parts.append(old.data[lo:hi])
+        index_parts.append(old.indices[lo:hi])
+    data = np.concatenate(data_parts) if data_parts else np.zeros(0, dtype=old.data.dtype)
+    indices = np.concatenate(index_parts) if index_parts else np.zeros(0, dtype=dtype)
+    return data, indices, indptr.astype(dtype)
+
+
+def _updated_adjacency(
+    parent: Adjacency, change: StructureChange, snapshot: GraphSnapshot, strength: float, hub_threshold: int,
+    hub_exponent: float, hub_counts: str,
+) -> Adjacency | None:
+    """:func:`_build_adjacency` of ``snapshot`` derived from ``parent`` (the parent structure's value) after an
+    appended-only delta (``None`` otherwise: build then). Old rows keep their entries, old edges theirs, so the only
+    rows that change are those of the endpoints of the appended edges, of the temporal pairs added or dropped, of
+    the appended nodes, and with hub damping of the nodes whose factor changed and their neighbours: these are
+    computed as the build computes them (:func:`_normal_rows` on those rows alone) and spliced into the parent's
+    matrices. O(nnz) in C (one copy of the data), O(changed rows) in Python."""
+    prov = parent.derived.get(_PROVENANCE)
+    n, n_old = snapshot.n, change.n_old
+    if (
+        prov is None or not change.appended_only or change.appended != n_old or prov.n != n_old
+        or change.n_new != n or n >= _MAX_UPDATE_N or parent.n != n_old
+    ):
+        return None
+    e_old = prov.edges
+    if snapshot.edge_src.size < e_old:
+        return None
+    appended = np.arange(n_old, n, dtype=np.int64)
+    src, dst = snapshot.edge_src[e_old:].astype(np.int64), snapshot.edge_dst[e_old:].astype(np.int64)
+    inh = np.asarray(snapshot.edge_inhibit[e_old:], dtype=bool)
+    changed_normal = _union(src[~inh], dst[~inh], appended)
+    changed_inhibit = _union(src[inh], dst[inh], appended)
+
+    keys = np.zeros(0, dtype=np.int64)
+    if strength > 0:
+        keys = _temporal_keys(snapshot)
+        if (keys.size > 0) != (prov.pair_keys.size > 0):
+            return None  # the build adds (or stops adding) the temporal matrix: zero entries drop (or stay) anywhere
+        moved = _sorted_xor(prov.pair_keys, keys)
+        changed_normal = _union(changed_normal, moved >> _PAIR_SHIFT, moved & _PAIR_LOW)
+    elif prov.pair_keys.size:
+        return None
+
+    adjacency = snapshot.adjacency
+    factors: np.ndarray | None = None
+    counted: np.ndarray | None = None
+    if hub_threshold > 0:
+        if prov.factors is None or (hub_counts == "message") != (prov.counted is not None):
+            return None
+        # A node's degree changes with its edges, or (counting messages only) when a neighbour's type changes.
+        candidates = changed_normal
+        if hub_counts == "message":
+            counted = snapshot.type_code == MESSAGE_TYPE_CODE
+            retyped = np.flatnonzero(counted[:n_old] != prov.counted)
+            candidates = _union(candidates, retyped, _neighbours(adjacency, retyped))
+        rows = sp.csr_array(_rows_of(adjacency, candidates), dtype=np.float64)
+        damp = _damping(_hub_degree(rows, counted), hub_threshold, hub_exponent)
+        factors = np.concatenate([prov.factors, np.ones(n - n_old)])
+        before = factors[candidates]
+        factors[candidates] = damp
+        # Appended rows are replaced anyway; an old row whose factor changed changes its neighbours' rows too.
+        moved_f = candidates[damp != before]
+        changed_normal = _union(changed_normal, moved_f, _neighbours(adjacency, moved_f))
+
+    if _too_many(changed_normal.size + changed_inhibit.size, n):
+        return None
+    k = changed_normal.size
+    temporal = _temporal_rows(keys, changed_normal, np.arange(k), k, n, strength) if keys.size else None
+    normal_rows = _normal_rows(
+        sp.csr_array(_rows_of(adjacency, changed_normal), dtype=np.float64),
+        None if factors is None else factors[changed_normal], factors, temporal,
+    )
+    inhibit_rows = sp.csr_array(_rows_of(snapshot.inhibit, changed_inhibit), dtype=np.float64)
+    inhibit_rows.sum_duplicates()
+    inhibit_rows.sort_indices()
+    normal = _spliced(parent.normal, changed_normal, normal_rows, n)
+    inhibit = _spliced(parent.inhibit, changed_inhibit, inhibit_rows, n)
+    if normal is None or inhibit is None:
+        return None
+    adj = Adjacency(normal=normal, inhibit=inhibit, synthetic_edge_count=int(keys.size))
+    adj.derived[_PROVENANCE] = _Provenance(n, int(snapshot.edge_src.size), keys, counted, factors)
+    # The masked variant of this recall is derived from the parent's the same way (:func:`_derived_masked`); a weak
+    # reference: the parent lives as long as its structure holds it, no chain of old adjacencies is kept.
+    adj.derived[_UPDATED_FROM] = (weakref.ref(parent), changed_normal, changed_inhibit)
+    return adj
+
+
+def _masked_rows(mat: sp.csr_array, rows: np.ndarray | None, keep: np.ndarray) -> sp.csr_array:
+    """``D·mat·D`` with ``D = diag(keep)`` on the ``rows`` of ``mat`` (all rows when ``None``): entries whose row or
+    column is dropped become structural zeros (as do stored zeros). Row by row, so a subset of rows gives the rows
+    of the full result. O(nnz of those rows)."""
+    sub = mat if rows is None else _rows_of(mat, rows)
+    k = sub.shape[0]
+    row_keep = keep if rows is None else keep[rows]
+    local = np.repeat(np.arange(k, dtype=np.int64), np.diff(sub.indptr))
+    data = sub.data * (row_keep[local] & keep[sub.indices])
+    out = sp.csr_array((data, sub.indices.copy(), sub.indptr.copy()), shape=sub.shape)
+    out.eliminate_zeros()
+    return out
 
 
 def _mask_csr(mat: sp.csr_array, keep: np.ndarray) -> sp.csr_array:
     """``D·mat·D`` with ``D = diag(keep)``: entries whose row or column is dropped become structural zeros.
     O(n + nnz), no copy of the structure beyond one array each."""
-    n = mat.shape[0]
-    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(mat.indptr))
-    data = mat.data * (keep[rows] & keep[mat.indices])
-    out = sp.csr_array((data, mat.indices.copy(), mat.indptr.copy()), shape=mat.shape)
-    out.eliminate_zeros()
-    return out
+    return _masked_rows(mat, None, keep)
+
+
+def _masked(base: Adjacency, hidden: np.ndarray) -> Adjacency:
+    """``base`` with the rows and columns of ``hidden`` nodes zeroed: derived from the masked variant of the
+    adjacency ``base`` was updated from when it can be (:func:`_derived_masked`), else built."""
+    keep = ~hidden
+    derived = _derived_masked(base, hidden, keep)
+    if derived is not None:
+        return derived
+    return Adjacency(_mask_csr(base.normal, keep), _mask_csr(base.inhibit, keep), base.synthetic_edge_count)
+
+
+def _derived_masked(base: Adjacency, hidden: np.ndarray, keep: np.ndarray) -> Adjacency | None:
+    """The masked variant of ``base`` from the last masked variant of the adjacency it was updated from
+    (:func:`_updated_adjacency`), when that one is still alive: a masked row changes only when its base row
+    changed, its node's mask flag changed, or the flag of a node it links to changed; those rows are masked
+    again (:func:`_masked_rows`) and spliced in. ``None`` when there is no such parent or too much changed."""
+    origin = base.derived.get(_UPDATED_FROM)
+    if origin is None:
+        return None
+    ref, changed_normal, changed_inhibit = origin
+    parent = ref()
+    if parent is None:
+        return None
+    last = parent.derived.get("last-masked")
+    if last is None:
+        # The parent recalls had no hidden node: its masked variant with no node hidden is itself, as long as it
+        # holds no stored zero (masking drops those; the temporal links or hub damping already did).
+        if not (bool(np.all(parent.normal.data != 0)) and bool(np.all(parent.inhibit.data != 0))):
+            return None
+        last = (np.zeros(parent.n, dtype=bool), parent)
+    old_hidden, old_masked = last
+    n, n_old = base.n, parent.n
+    if old_hidden.shape != (n_old,) or old_masked.n != n_old or n < n_old:
+        return None
+    flipped = _union(np.flatnonzero(old_hidden != hidden[:n_old]), np.arange(n_old, n))
+    rows_normal = _union(changed_normal, flipped, _neighbours(base.normal, flipped))
+    rows_inhibit = _union(changed_inhibit, flipped, _neighbours(base.inhibit, flipped))
+    if _too_many(rows_normal.size + rows_inhibit.size, n):
+        return None
+    normal = _spliced(old_masked.normal, rows_normal, _masked_rows(base.normal, rows_normal, keep), n)
+    inhibit = _spliced(old_masked.inhibit, rows_inhibit, _masked_rows(base.inhibit, rows_inhibit, keep), n)
+    if normal is None or inhibit is None:
+        return None
+    return Adjacency(normal, inhibit, base.synthetic_edge_count)
 
 
 def diffusion_adjacency(
@@ -255,11 +620,13 @@ def diffusion_adjacency(
 ) -> tuple[Adjacency, bool]:
     """``(adjacency, was_cached)`` for ``snapshot`` under the temporal-link settings, with the rows/columns of
     ``hidden`` nodes zeroed when a mask is given. Built once per snapshot (and once per distinct mask), then
-    served from the per-snapshot cache (recall-spec departure 11)."""
+    served from the per-snapshot cache (recall-spec departure 11). After an appended-only delta both are derived
+    from the parent structure's values (:func:`_updated_adjacency`, :func:`_derived_masked`), equal to a build."""
     strength = _temporal_strength(settings)
     hub = (int(settings.hub_degree_threshold), float(settings.hub_exponent), str(settings.hub_degree_counts))
     base, hit = cached(
-        snapshot, ("diffusion-adjacency", strength, *hub), lambda: _build_adjacency(snapshot, strength, *hub)
+        snapshot, ("diffusion-adjacency", strength, *hub), lambda: _build_adjacency(snapshot, strength, *hub),
+        lambda parent, change: _updated_adjacency(parent, change, snapshot, strength, *hub),
     )
     if hidden is None or not hidden.any():
         return base, hit
@@ -269,13 +636,10 @@ def diffusion_adjacency(
     last = base.derived.get("last-masked")
     if last is not None and np.array_equal(last[0], hidden):
         return last[1], True
-    keep = ~hidden
     masked, hit = cached(
         snapshot,
         ("diffusion-adjacency-masked", strength, *hub, mask_digest(hidden)),
-        lambda: Adjacency(
-            _mask_csr(base.normal, keep), _mask_csr(base.inhibit, keep), base.synthetic_edge_count
-        ),
+        lambda: _masked(base, hidden),
     )
     base.derived["last-masked"] = (hidden.copy(), masked)
     return masked, hit

@@ -500,3 +500,103 @@ def test_eligible_mask_is_cooccurrence_eligible_of_every_node() -> None:
     expected = cooccurrence_eligible(snap, np.arange(snap.n))
     assert expected.tolist() == [True, False, False, True, False, False, True]
     assert _cooccurrence_eligible_mask(snap).tolist() == expected.tolist()
+
+
+# -- the eligibility mask after a delta ----------------------------------------------------------------------------
+
+_CHAT = "upd"
+_MODEL = "test-model"
+_NOW = 1_700_000_000_000
+
+
+class _Chat:
+    """A chat in a real store on a temporary SQLite file, its snapshots kept up to date by a ``SnapshotCache``."""
+
+    def __init__(self, path) -> None:
+        from memory_recall.store import Store
+        from memory_recall.store.snapshot import SnapshotCache
+
+        self.store = Store(path)
+        self.cache = SnapshotCache()
+        self.next = 0
+        with self.store.write(_CHAT) as w:
+            w.upsert_nodes([self._node() for _ in range(15)])
+
+    def _node(self, kind: str | None = None):
+        from memory_recall.model.graph import Node
+
+        i, self.next = self.next, self.next + 1
+        kind = kind or ("character", "event", "location", "synopsis", "message")[i % 5]
+        fields = {"title": f"Scene {i}"} | ({"name": f"Name{i}"} if i % 3 else {})
+        return Node(id=f"n{i:03d}", type=kind, seq=i, fields=fields, archived=i % 7 == 5,
+                    prev_id=f"n{i - 1:03d}" if i else None, seq_range=(i, i + 1))
+
+    def snapshot(self):
+        return self.cache.get(self.store, _CHAT, _MODEL, now_ms=_NOW)
+
+    def fresh(self):
+        from memory_recall.store.snapshot import build_snapshot
+
+        return build_snapshot(self.store.snapshot_source(_CHAT, _MODEL), now_ms=_NOW)
+
+    def add(self, kind: str) -> None:
+        with self.store.write(_CHAT) as w:
+            w.upsert_nodes([self._node(kind)])
+
+
+def _eligible_of_both(chat: _Chat) -> tuple[np.ndarray, np.ndarray]:
+    from memory_recall.pipeline.cross_recall import _cooccurrence_eligible_mask
+
+    return _cooccurrence_eligible_mask(chat.snapshot()), _cooccurrence_eligible_mask(chat.fresh())
+
+
+def _exactly(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def test_eligible_mask_is_updated_after_new_nodes(tmp_path, monkeypatch) -> None:
+    """Appended nodes: the mask is the parent's plus the new rows, tested alone (no pass over the anchor index),
+    equal to a fresh build."""
+    from memory_recall.pipeline import cross_recall
+
+    chat = _Chat(tmp_path / "store.sqlite3")
+    first, built = _eligible_of_both(chat)
+    assert _exactly(first, built) and first.any() and not first.all()
+    for kind in ("character", "event", "location", "message"):
+        chat.add(kind)
+        snap = chat.snapshot()
+        assert snap.structure.change is not None and snap.structure.change.appended_only
+
+        def no_build(_snapshot):
+            raise AssertionError("built instead of updated")
+
+        with monkeypatch.context() as m:
+            m.setattr(cross_recall, "has_anchor_term_mask", no_build)
+            updated = cross_recall._cooccurrence_eligible_mask(snap)
+        fresh = cross_recall._cooccurrence_eligible_mask(chat.fresh())
+        assert _exactly(updated, fresh), kind
+        assert _exactly(updated[: first.size], first)
+        first = updated
+
+
+def test_eligible_mask_after_a_delete_an_archive_and_a_retype(tmp_path) -> None:
+    """Deltas that are not appends: a delete moves rows, an archive or a new type changes a row's eligibility;
+    the carried rows keep theirs, the changed ones are tested again, equal to a fresh build."""
+    chat = _Chat(tmp_path / "store.sqlite3")
+    _eligible_of_both(chat)
+    with chat.store.write(_CHAT) as w:
+        w.delete_nodes(["n001"])
+    snap = chat.snapshot()
+    assert snap.structure.change is not None and not snap.structure.change.appended_only
+    updated, fresh = _eligible_of_both(chat)
+    assert _exactly(updated, fresh)
+    for node_id, update in (("n002", {"archived": True}), ("n004", {"type": "event"}), ("n005", {"archived": False})):
+        old = chat.store.get_node(_CHAT, node_id)
+        assert old is not None
+        with chat.store.write(_CHAT) as w:
+            w.upsert_nodes([old.model_copy(update=update)])
+        before = updated
+        updated, fresh = _eligible_of_both(chat)
+        assert _exactly(updated, fresh), node_id
+        i = chat.snapshot().index[node_id]
+        assert updated[i] != before[i], node_id  # the change mattered

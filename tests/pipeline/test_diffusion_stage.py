@@ -509,3 +509,186 @@ def test_hub_factors_count_only_marked_neighbours_with_empty_rows_anywhere() -> 
     assert hub_factors(adjacency, 1, 1.0).tolist() == [0.5, 0.5, 1.0, 0.5, 1.0]
     # The exponent applies to the ratio: 0.5 ** 2.
     assert hub_factors(adjacency, 1, 2.0, counted).tolist() == [1.0, 1.0, 1.0, 0.25, 1.0]
+
+
+# -- updates after a delta ---------------------------------------------------------------------------------------
+
+_CHAT = "upd"
+_MODEL = "test-model"
+#: Base settings the update must reproduce: the app's, hub damping counting messages or every neighbour (an
+#: exponent other than 1), no temporal links.
+_UPDATE_SETTINGS = (
+    DiffusionSettings(),
+    DiffusionSettings(hub_degree_threshold=2, hub_degree_counts="message"),
+    DiffusionSettings(hub_degree_threshold=3, hub_exponent=2.0),
+    NO_TEMPORAL,
+)
+
+
+def _store_node(i: int, *, prev: str | None = None, kind: str | None = None):
+    from memory_recall.model.graph import Node
+
+    kind = kind or ("message", "character", "event", "message", "location")[i % 5]
+    return Node(
+        id=f"n{i:03d}", type=kind, seq=i, importance=float(1 + i % 7), prev_id=prev,
+        fields={"title": f"scene {i}", "name": f"Name{i % 4}"}, seq_range=(i, i + 1),
+    )
+
+
+def _store_edge(k: int, a: str, b: str, strength: float, *, inhibit: bool = False):
+    from memory_recall.model.graph import Edge
+
+    return Edge(id=f"e{k:03d}", from_id=a, to_id=b, strength=strength, edge_type=255 if inhibit else 0)
+
+
+class _Chat:
+    """A chat in a real store on a temporary SQLite file, its snapshots kept up to date by a ``SnapshotCache``."""
+
+    def __init__(self, path) -> None:
+        from memory_recall.store import Store
+        from memory_recall.store.snapshot import SnapshotCache
+
+        self.store = Store(path)
+        self.cache = SnapshotCache()
+        self.next = 0
+        rng = np.random.default_rng(3)
+        nodes = [self._new_node() for _ in range(16)]
+        edges = []
+        for k in range(30):
+            a, b = rng.choice(16, size=2, replace=False).tolist()
+            edges.append(_store_edge(k, nodes[a].id, nodes[b].id, float(rng.uniform(0.1, 1.0)), inhibit=k % 9 == 0))
+        edges.append(_store_edge(30, nodes[0].id, nodes[1].id, 0.25))  # a parallel edge: summed
+        with self.store.write(_CHAT) as w:
+            w.upsert_nodes(nodes)
+            w.upsert_edges(edges)
+
+    def _new_node(self, kind: str | None = None):
+        i, self.next = self.next, self.next + 1
+        return _store_node(i, prev=f"n{i - 1:03d}" if i else None, kind=kind)
+
+    def snapshot(self):
+        return self.cache.get(self.store, _CHAT, _MODEL, now_ms=NOW)
+
+    def fresh(self):
+        from memory_recall.store.snapshot import build_snapshot
+
+        return build_snapshot(self.store.snapshot_source(_CHAT, _MODEL), now_ms=NOW)
+
+    def message(self, links: list[str], *, kind: str = "message") -> None:
+        node = self._new_node(kind)
+        with self.store.write(_CHAT) as w:
+            w.upsert_nodes([node])
+            w.upsert_edges([_store_edge(100 + self.next * 4 + j, node.id, other, 0.6, inhibit=j == 2)
+                            for j, other in enumerate(links)])
+
+
+def _same_adjacency(a, b) -> bool:
+    return (
+        a.synthetic_edge_count == b.synthetic_edge_count
+        and all(
+            type(x) is type(y) and x.shape == y.shape
+            and all(getattr(x, k).dtype == getattr(y, k).dtype and getattr(x, k).tobytes() == getattr(y, k).tobytes()
+                    for k in ("indptr", "indices", "data"))
+            for x, y in ((a.normal, b.normal), (a.inhibit, b.inhibit))
+        )
+    )
+
+
+def _check_against_fresh(chat: _Chat, hidden_of) -> list[bool]:
+    """Base and masked adjacency of the chat's current snapshot (updated when possible) against a fresh build's, for
+    every setting; returns whether each base came from an update."""
+    from memory_recall.pipeline.diffusion import _UPDATED_FROM
+
+    snap, fresh = chat.snapshot(), chat.fresh()
+    updated = []
+    for s in _UPDATE_SETTINGS:
+        base, _ = diffusion_adjacency(snap, s)
+        built, _ = diffusion_adjacency(fresh, s)
+        assert _same_adjacency(base, built), s
+        updated.append(_UPDATED_FROM in base.derived)
+        hidden = hidden_of(snap)
+        masked, _ = diffusion_adjacency(snap, s, hidden)
+        masked_built, _ = diffusion_adjacency(fresh, s, hidden.copy())
+        assert _same_adjacency(masked, masked_built), s
+    return updated
+
+
+class TestAdjacencyUpdate:
+    """After an appended-only delta the base and masked adjacencies are derived from the parent structure's, equal
+    to a fresh build array by array; any other delta builds them."""
+
+    def test_new_messages_update_and_equal_a_build(self, tmp_path) -> None:
+        chat = _Chat(tmp_path / "store.sqlite3")
+
+        def hidden_of(snap):
+            mask = np.zeros(snap.n, dtype=bool)
+            mask[[snap.index["n002"], snap.index["n007"]]] = True
+            mask[snap.n - 1] = snap.n > 16  # the newest node too (it flips from visible to hidden and back)
+            return mask
+
+        assert _check_against_fresh(chat, hidden_of) == [False] * 4  # nothing to update from yet
+        links = ([], ["n003"], ["n001", "n004", "n009"], ["n000"], ["n001", "n002"])
+        for step, targets in enumerate(links):
+            chat.message(targets, kind="message" if step % 2 else "event")
+            change = chat.snapshot().structure.change
+            assert change is not None and change.appended_only
+            assert _check_against_fresh(chat, hidden_of) == [True] * 4, step
+        # Edges alone (between old nodes, one of them inhibit): no node appended, old rows change.
+        with chat.store.write(_CHAT) as w:
+            w.upsert_edges([_store_edge(900, "n002", "n011", 0.7), _store_edge(901, "n005", "n013", 0.4, inhibit=True)])
+        change = chat.snapshot().structure.change
+        assert change is not None and change.appended_only and change.n_new == change.n_old
+        assert _check_against_fresh(chat, hidden_of) == [True] * 4
+
+    def test_updated_rows_only_are_new(self, tmp_path) -> None:
+        chat = _Chat(tmp_path / "store.sqlite3")
+        before, _ = diffusion_adjacency(chat.snapshot(), DiffusionSettings())
+        chat.message(["n005"])
+        after, _ = diffusion_adjacency(chat.snapshot(), DiffusionSettings())
+        from memory_recall.pipeline.diffusion import _UPDATED_FROM
+
+        _, rows, _ = after.derived[_UPDATED_FROM]
+        snap = chat.snapshot()
+        assert set(rows.tolist()) >= {snap.index["n005"], snap.index[f"n{chat.next - 1:03d}"]}
+        assert rows.size < snap.n // 2
+
+    def test_a_delete_or_an_archive_builds(self, tmp_path) -> None:
+        from memory_recall.pipeline.diffusion import _UPDATED_FROM
+
+        chat = _Chat(tmp_path / "store.sqlite3")
+
+        def hidden_of(snap):
+            mask = np.zeros(snap.n, dtype=bool)
+            mask[0] = True
+            return mask
+
+        _check_against_fresh(chat, hidden_of)
+        with chat.store.write(_CHAT) as w:
+            w.delete_nodes(["n004"])
+        change = chat.snapshot().structure.change
+        assert change is not None and not change.appended_only
+        assert _check_against_fresh(chat, hidden_of) == [False] * 4
+        old = chat.store.get_node(_CHAT, "n006")
+        assert old is not None
+        with chat.store.write(_CHAT) as w:
+            w.upsert_nodes([old.model_copy(update={"archived": True})])  # its edges leave the adjacency
+        assert _check_against_fresh(chat, hidden_of) == [False] * 4
+        chat.message(["n001"])
+        assert _check_against_fresh(chat, hidden_of) == [True] * 4
+        assert all(_UPDATED_FROM in diffusion_adjacency(chat.snapshot(), s)[0].derived for s in _UPDATE_SETTINGS)
+
+    def test_a_retyped_node_changes_its_neighbours_hub_factors(self, tmp_path) -> None:
+        chat = _Chat(tmp_path / "store.sqlite3")
+        hub = DiffusionSettings(hub_degree_threshold=1, hub_degree_counts="message")
+        snap = chat.snapshot()
+        diffusion_adjacency(snap, hub)
+        old = chat.store.get_node(_CHAT, "n003")  # a message linked to others
+        assert old is not None and old.type == "message"
+        with chat.store.write(_CHAT) as w:
+            w.upsert_nodes([old.model_copy(update={"type": "event"})])
+        new = chat.snapshot()
+        change = new.structure.change
+        assert change is not None
+        adj, _ = diffusion_adjacency(new, hub)
+        built, _ = diffusion_adjacency(chat.fresh(), hub)
+        assert _same_adjacency(adj, built)
