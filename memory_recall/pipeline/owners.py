@@ -53,7 +53,9 @@ Scene reconstruction (§3.16 step 3; ``OwnerSettings.enable_scene_reconstruction
     expanded. Stops at ``max_recall_nodes``; duplicates are skipped. The walk is plain Python over the few
     dozen nodes it touches: each node's expansion list (neighbours filtered and ordered as above) and each
     event's first nearest events (one ``lexsort`` over the events within a seq window) are built once per
-    snapshot; a recall only judges admission, in one batch for what the walk most likely reads.
+    snapshot; a recall only judges admission, in one batch for what the walk most likely reads. After a write
+    (a chat turn's append) the new structure's memo and participant table are derived from the parent's in time
+    proportional to the change (:func:`_updated_memo`, :func:`_updated_participants`), equal to fresh builds.
 Settings
     ``OwnerSettings.enable_scene_reconstruction``; ``SelectionSettings`` (``max_recall_nodes``,
     ``llm_candidate_pool``); ``ContextSettings`` and ``ScoringSettings`` for the gate of nodes the score map
@@ -198,32 +200,60 @@ class _SnapshotMemo:
 
     * ``pov_owner`` / ``pov_base`` (its base key) / ``participant_text`` / ``story_label``: per node, filled on
       first use (at most one entry per node);
-    * ``types`` / ``archived``: the type codes and archived flags as lists (scene reconstruction reads a few
-      dozen of them per recall: a list index costs less than a numpy scalar read); 2 × 8 bytes per node
-      (small ints and bools are shared objects): 1.6 MB at 100k nodes;
+    * ``codes`` / ``flags``: the type codes and archived flags (0/1), one byte per node (scene reconstruction
+      reads a few dozen of them per recall: a ``bytearray`` index costs what a list index does, less than a numpy
+      scalar read, and a write extends them by copying n bytes, not n pointers); :attr:`types` / :attr:`archived`
+      give them as lists;
     * ``events``: every event sorted by ``seq``, and their ``seq`` (built on first use; 16 bytes per event);
     * ``walk``: the reconstruction's lists of the kinds that do not read importance (:func:`_walk_list`; the
       others are kept per snapshot, :func:`_stats_walks`, under the same bound), at most one per node (its
       neighbours: as many ints as its degree) plus the first 16 nearest events of an event; at most
       :data:`MAX_WALK_MEMO` lists (emptied past it): ~0.3–1 KB each at typical degrees, so ≤ ~20 MB whatever the graph;
     * ``scenes``: per-node classifications of the :data:`MAX_SCENES` most recent scenes (:meth:`scene`): at
-      most two small entries per selected node and scene.
+      most two small entries per selected node and scene;
+    * ``n_edges`` / ``seq`` / ``type_code`` / ``signature``: what :func:`_updated_memo` compares a child
+      structure with — the active edge count, the ``seq`` and ``type_code`` arrays (the snapshot's own, shared:
+      snapshot arrays are never mutated) and :func:`_owner_signature`;
+    * ``stats``: ``(importance, lists)`` — the importance-ordered walk lists (:func:`_stats_walks`) of the latest
+      snapshot of this structure that built them, with that snapshot's importance array; :func:`_updated_memo`
+      carries them to the child's first snapshot as ``(its importance, lists still valid)``.
+
+    ``codes`` / ``flags`` may be given (:func:`_updated_memo`: the parent's extended); they must equal the
+    snapshot's ``type_code`` / ``archived`` as bytes. Never mutated once built (a child copies them).
     """
 
     __slots__ = (
-        "archived", "events", "participant_text", "pov_base", "pov_owner", "scenes", "story_label", "types", "walk",
+        "codes", "events", "flags", "n_edges", "participant_text", "pov_base", "pov_owner", "scenes", "seq",
+        "signature", "stats", "story_label", "type_code", "walk",
     )
 
-    def __init__(self, snapshot: GraphSnapshot) -> None:
+    def __init__(
+        self, snapshot: GraphSnapshot, *, codes: bytearray | None = None, flags: bytearray | None = None
+    ) -> None:
         self.pov_owner: dict[int, tuple[str, str]] = {}
         self.pov_base: dict[int, str] = {}
         self.participant_text: dict[int, str] = {}
         self.story_label: dict[int, str] = {}
-        self.types: list[int] = snapshot.type_code.tolist()
-        self.archived: list[bool] = snapshot.archived.tolist()
+        self.codes = _bytes_of(snapshot.type_code) if codes is None else codes
+        self.flags = _bytes_of(snapshot.archived) if flags is None else flags
         self.events: tuple[np.ndarray, np.ndarray] | None = None
+        self.n_edges = int(snapshot.edge_src.size)
+        self.seq: np.ndarray = snapshot.seq
+        self.type_code: np.ndarray = snapshot.type_code
+        self.stats: tuple[np.ndarray, dict[tuple[str, int], Any]] | None = None
+        self.signature = _owner_signature(snapshot)
         self.walk: dict[tuple[str, int], Any] = {}
         self.scenes: OrderedDict[Hashable, tuple[dict[int, str], dict[int, tuple[str, float]]]] = OrderedDict()
+
+    @property
+    def types(self) -> list[int]:
+        """The type codes as a list (a copy: O(n))."""
+        return list(self.codes)
+
+    @property
+    def archived(self) -> list[bool]:
+        """The archived flags as a list (a copy: O(n))."""
+        return np.frombuffer(bytes(self.flags), dtype=np.uint8).astype(bool).tolist()
 
     def scene(self, key: Hashable) -> tuple[dict[int, str], dict[int, tuple[str, float]]]:
         """Node → scope bucket and node → (story-time bucket, weight to 3 decimals) of one scene (``key``: all
@@ -254,41 +284,253 @@ def _memo(snapshot: GraphSnapshot) -> _SnapshotMemo:
 
 
 def _updated_memo(snapshot: GraphSnapshot, old: _SnapshotMemo, change: StructureChange) -> _SnapshotMemo | None:
-    """The parent structure's memo moved to the positions of ``snapshot`` after a delta: the per-node entries of
-    the nodes the delta left unchanged (participant texts and story-time labels read only the node; POV owners and
-    the per-scene verdicts also the chat state, so they are kept only when the state was not written). The walk
-    lists and the events read other nodes and edges: built again."""
+    """The parent structure's memo moved to the positions of ``snapshot`` after a delta, equal to what the
+    recalls on ``snapshot`` would have filled a fresh memo with:
+
+    * the per-node entries of the nodes the delta left unchanged: participant texts and story-time labels read
+      only the node; POV owners (and their base keys) also the owner catalog, so they are kept while
+      :func:`_owner_signature` is the same; the per-scene verdicts also the chat state: kept only when the state
+      was not written and every owner node is where it was;
+    * for an appended-only delta (no node moved, old active edges kept, new ones after them): the type and
+      archived bytes extended (O(n) byte copies in C, no per-node Python), the walk lists and the events by seq
+      (:func:`_carry_walks`), in time proportional to the change. Other deltas build those again.
+    """
     if not isinstance(old, _SnapshotMemo):
         return None
-    out = _SnapshotMemo(snapshot)
-    src, dst = change.carried()
-    moved = dict(zip(src.tolist(), dst.tolist(), strict=True))
+    n_old = change.n_old
+    rewritten = change.rewritten.tolist()
+    identity = (
+        change.appended_only and change.appended == n_old and len(old.codes) == n_old
+        and int(snapshot.edge_src.size) >= old.n_edges
+    )
+    if identity:
+        codes = old.codes + _bytes_of(snapshot.type_code[n_old:])
+        flags = old.flags + _bytes_of(snapshot.archived[n_old:])
+        if rewritten:
+            at = change.rewritten
+            for r, t, a in zip(rewritten, snapshot.type_code[at].tolist(), snapshot.archived[at].tolist(),
+                               strict=True):
+                codes[r] = t
+                flags[r] = a
+        out = _SnapshotMemo(snapshot, codes=codes, flags=flags)
+    else:
+        out = _SnapshotMemo(snapshot)
+
+    dropped = frozenset(rewritten)
 
     def move(table: dict[int, Any]) -> dict[int, Any]:
-        return {moved[i]: v for i, v in list(table.items()) if i in moved}
+        if not identity:
+            return _moved(table, change)
+        # Positions stand: a C-level copy, then the rewritten nodes out (or the table filtered, when it is the
+        # shorter of the two: the first write after a long session may rewrite more nodes than a table holds).
+        if len(table) <= len(rewritten):
+            return {i: v for i, v in list(table.items()) if i not in dropped}
+        moved = dict(table)
+        for r in rewritten:
+            moved.pop(r, None)
+        return moved
 
     out.participant_text = move(old.participant_text)
     out.story_label = move(old.story_label)
-    # POV owners also match catalog owners by their character node: kept only when no node was deleted and no
-    # owner's node is new or rewritten (then every owner node is where it was, with the same id).
-    owner_nodes = snapshot.knowledge.owner_node_index
-    owners_same = not bool((change.remap < 0).any()) and not bool(
-        ((owner_nodes >= change.appended) | np.isin(owner_nodes, change.rewritten)).any()
-    )
-    if not change.state_changed and owners_same:
+    if out.signature == old.signature:
         out.pov_owner = move(old.pov_owner)
         out.pov_base = move(old.pov_base)
+    # The scope buckets and story-time verdicts read the chat state and the owners' nodes: kept only when the
+    # state was not written, no node was deleted and no owner's node is new or rewritten.
+    owners_same = (identity or not bool((change.remap < 0).any())) and not any(
+        k >= change.appended or k in dropped for k in snapshot.knowledge.owner_node_index.tolist()
+    )
+    if not change.state_changed and owners_same:
         with _SCENES_LOCK:
             scenes = list(old.scenes.items())
         for key, (buckets, temporal) in scenes:
             out.scenes[key] = (move(buckets), move(temporal))
+    if identity:
+        _carry_walks(snapshot, old, out, change)
     return out
+
+
+def _bytes_of(values: np.ndarray) -> bytearray:
+    """Small non-negative ints (type codes < 256, flags) one byte each."""
+    return bytearray(values.astype(np.uint8).tobytes())
+
+
+def _moved(table: dict[int, Any], change: StructureChange) -> dict[int, Any]:
+    """``table`` (parent position → value) at the new positions of the nodes ``change`` left unchanged."""
+    items = list(table.items())  # one C-level snapshot: other threads may be filling the parent's table
+    if not items:
+        return {}
+    keys = np.fromiter((k for k, _ in items), dtype=np.int64, count=len(items))
+    new = change.remap[keys]
+    keep = new >= 0
+    if change.rewritten.size:
+        keep &= ~np.isin(new, change.rewritten)
+    return {j: items[p][1] for p, j in zip(np.flatnonzero(keep).tolist(), new[keep].tolist(), strict=True)}
+
+
+def _owner_signature(snapshot: GraphSnapshot) -> tuple[Any, ...]:
+    """Everything of the owner catalog that :func:`_resolve_pov_owner` and :func:`_catalog_aliases` read besides
+    the node itself: the owners' keys, types, names and aliases and the ids of their character nodes.
+    O(owners)."""
+    ka = snapshot.knowledge
+    ids = snapshot.ids
+    nodes = tuple(ids[k] if 0 <= k < len(ids) else None for k in ka.owner_node_index.tolist())
+    return (tuple(ka.owner_keys), tuple(ka.owner_types), tuple(ka.owner_names), tuple(map(tuple, ka.aliases)), nodes)
+
+
+def _carry_walks(snapshot: GraphSnapshot, old: _SnapshotMemo, out: _SnapshotMemo, change: StructureChange) -> None:
+    """The parent's walk lists (``walk``, and ``stats`` when it holds some), and ``events``, into ``out`` after an
+    appended-only delta (positions stand, the old active edges are the first ``old.n_edges`` and the new ones
+    follow), equal to fresh builds:
+
+    * an ``"event"`` list (neighbours in edge order, filtered by type) changes when the node gained an edge or a
+      neighbour's type changed: those are dropped (built again on use);
+    * a ``"pov"`` / ``"entity"`` list (neighbours by recency, importance, id) also when a neighbour was rewritten
+      or its importance differs from the overlay the lists were built with (compared in C: O(n));
+    * a ``"near"`` list (the first :data:`_NEAREST_PREFIX` events of the nearest-first order) changes only when
+      a new event ranks before its last entry: with more than ``2 × _EVENT_BLOCK`` events only the events with
+      fewer than :data:`_NEAREST_PREFIX` events between them and the new one in ``seq`` can be concerned, and
+      those lists get the new event merged in (:func:`_merge_nearest`); in a shorter chat (prefixes may hold the
+      whole order) they are dropped. A rewritten node that was or became an event, or an event whose ``seq``
+      changed, drops them all;
+    * ``events``: the new events inserted after the old ones of equal ``seq`` (a stable sort puts them there).
+    """
+    n_old = change.n_old
+    gained = np.concatenate([snapshot.edge_src[old.n_edges:], snapshot.edge_dst[old.n_edges:]])
+    rw = change.rewritten
+    events_moved = False
+    retyped = rw[:0]
+    if rw.size:
+        new_t, old_t = snapshot.type_code[rw], old.type_code[rw]
+        retyped = rw[new_t != old_t]
+        events_moved = bool(((new_t == _EVENT) != (old_t == _EVENT)).any()) or bool(
+            ((new_t == _EVENT) & (snapshot.seq[rw] != old.seq[rw])).any()
+        )
+    walk = _without_lists(old.walk, np.concatenate([gained, _around(snapshot, retyped)]), ("event",))
+    events = old.events
+    new_events = n_old + np.flatnonzero(snapshot.type_code[n_old:] == _EVENT)
+    if events_moved:
+        walk = {k: v for k, v in walk.items() if k[0] != "near"}  # rare (an event rewritten into another kind)
+        events = None
+    elif events is not None and new_events.size:
+        ev, ev_seq = events
+        if ev.size <= 2 * _EVENT_BLOCK:
+            walk = _without_lists(walk, ev, ("near",))
+        else:
+            for j in new_events.tolist():
+                if not _merge_nearest(snapshot, walk, ev, ev_seq, j):
+                    walk = {k: v for k, v in walk.items() if k[0] != "near"}
+                    break
+        seq = snapshot.seq[new_events]
+        order = np.argsort(seq, kind="stable")
+        at = np.searchsorted(ev_seq, seq[order], side="right")
+        events = (np.insert(ev, at, new_events[order]), np.insert(ev_seq, at, seq[order]))
+    out.walk = walk
+    out.events = events
+
+    previous = old.stats
+    if previous is None or not previous[1]:
+        return
+    importance = snapshot.importance
+    if previous[0].shape != (n_old,) or importance.shape[0] < n_old:
+        return
+    reordered = np.flatnonzero(importance[:n_old] != previous[0])
+    if reordered.size > _STATS_CARRY_MAX:
+        return  # a large reinforcement since: the lists are built again
+    moved = np.concatenate([rw, reordered])
+    out.stats = (importance, _without_lists(previous[1], np.concatenate([gained, _around(snapshot, moved)]),
+                                            ("pov", "entity")))
+
+
+#: Nodes whose importance changed since the importance-ordered lists were built beyond which they are not carried.
+_STATS_CARRY_MAX = 4096
+
+
+def _around(snapshot: GraphSnapshot, nodes: np.ndarray) -> np.ndarray:
+    """``nodes`` and the other endpoints of their active edges (repeats possible), from the incident-edge CSR in
+    C: O(their degrees)."""
+    nodes = np.asarray(nodes, dtype=np.int64)
+    if nodes.size == 0:
+        return nodes
+    inc = snapshot.incident
+    starts = inc.indptr[nodes].astype(np.int64)
+    lengths = inc.indptr[nodes + 1].astype(np.int64) - starts
+    total = int(lengths.sum())
+    if total == 0:
+        return nodes
+    # Positions starts[k] + 0 … lengths[k] − 1 of every node k, in one gather.
+    offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total, dtype=np.int64)
+    pos = inc.data[offsets].astype(np.int64) - 1
+    return np.concatenate([nodes, snapshot.edge_src[pos], snapshot.edge_dst[pos]])
+
+
+def _without_lists(
+    walks: dict[tuple[str, int], Any], nodes: np.ndarray, kinds: tuple[str, ...]
+) -> dict[tuple[str, int], Any]:
+    """A copy of ``walks`` without the lists of the ``kinds`` at ``nodes``: a C-level copy and a pop per node, or
+    a filtered copy when ``nodes`` outnumber the lists."""
+    if nodes.size * len(kinds) <= len(walks):
+        out = dict(walks)
+        for i in set(nodes.tolist()):
+            for kind in kinds:
+                out.pop((kind, i), None)
+        return out
+    gone = set(nodes.tolist())
+    return {k: v for k, v in list(walks.items()) if not (k[0] in kinds and k[1] in gone)}
+
+
+#: Old events whose nearest-event lists :func:`_merge_nearest` checks one by one, at most (ties on ``seq``
+#: beyond it: the lists are dropped instead).
+_MERGE_SCAN_MAX = 4096
+
+
+def _merge_nearest(
+    snapshot: GraphSnapshot, walk: dict[tuple[str, int], Any], ev: np.ndarray, ev_seq: np.ndarray, j: int
+) -> bool:
+    """Merge the new event ``j`` into the ``"near"`` lists of ``walk`` it enters (``ev`` / ``ev_seq``: the old
+    events by seq, more than ``2 × _EVENT_BLOCK`` of them, so every list is an incomplete prefix of
+    :data:`_NEAREST_PREFIX`). Only an event ``e`` with fewer than that many old events strictly between ``e``
+    and ``j`` in ``seq`` can rank ``j`` in its prefix (each of those is nearer than ``j``): a contiguous slice of
+    ``ev``. False when the slice is too long (many ties): the caller drops the lists."""
+    size = int(ev.size)
+    s_j = int(snapshot.seq[j])
+    lo = int(np.searchsorted(ev_seq, s_j, side="left"))
+    hi = int(np.searchsorted(ev_seq, s_j, side="right"))
+    a = int(np.searchsorted(ev_seq, ev_seq[lo - _NEAREST_PREFIX], side="left")) if lo >= _NEAREST_PREFIX else 0
+    last = hi + _NEAREST_PREFIX - 1
+    b = int(np.searchsorted(ev_seq, ev_seq[last], side="right")) if last < size else size
+    if b - a > _MERGE_SCAN_MAX:
+        return False
+    seq, rank = snapshot.seq, snapshot.id_rank
+    for e in ev[a:b].tolist():
+        found = walk.get(("near", e))
+        if found is None:
+            continue
+        prefix, complete = found
+        if complete or len(prefix) < _NEAREST_PREFIX:  # cannot happen past 2 × _EVENT_BLOCK events; be safe
+            del walk[("near", e)]
+            continue
+        cand = np.array((*prefix, j), dtype=np.int64)
+        s = seq[e]
+        cs = seq[cand]
+        order = np.lexsort((rank[cand], -cs, np.abs(cs - s)))
+        if order[-1] != cand.size - 1:  # j ranks before the old last entry
+            walk[("near", e)] = (tuple(cand[order][:_NEAREST_PREFIX].tolist()), False)
+    return True
 
 
 def _stats_walks(snapshot: GraphSnapshot) -> dict[tuple[str, int], Any]:
     """The walk lists ordered by importance (the "pov" and "entity" kinds), per snapshot: they read the statistics
     overlay, which a reinforcement write replaces."""
-    return cached_stats(snapshot, ("owners", "stats-walks"), dict)[0]
+    def build() -> dict[tuple[str, int], Any]:
+        memo = _memo(snapshot)
+        seed = memo.stats
+        # Seeded by _updated_memo for this very overlay (the lists the delta left valid), else empty.
+        walks: dict[tuple[str, int], Any] = seed[1] if seed is not None and seed[0] is snapshot.importance else {}
+        memo.stats = (snapshot.importance, walks)
+        return walks
+
+    return cached_stats(snapshot, ("owners", "stats-walks"), build)[0]
 
 
 def resolve_pov_owner(snapshot: GraphSnapshot, i: int) -> tuple[str, str]:
@@ -375,20 +617,79 @@ def _catalog_aliases(state: RecallState) -> list[tuple[str, str, list[tuple[str,
 
 #: Catalog aliases and row contributions kept per snapshot (weak keys); emptied past this many entries.
 MAX_PARTICIPANT_MEMO = 50_000
+
+
+class _ParticipantTable(dict[Hashable, Any]):
+    """The participant memo of one structure (:func:`_participant_memo`): a dict, plus what
+    :func:`_updated_participants` needs to carry it to a child structure — the :func:`_owner_signature` it was
+    filled under and the owner catalogs it holds entries of (``("catalog", c)`` and ``(c, i)`` keys)."""
+
+    __slots__ = ("catalogs", "signature")
+
+    def __init__(self, signature: tuple[Any, ...], entries: dict[Hashable, Any] | None = None,
+                 catalogs: set[Any] | None = None) -> None:
+        super().__init__(entries or {})
+        self.signature = signature
+        self.catalogs: set[Any] = set() if catalogs is None else catalogs
+
+
 #: Keyed by the snapshot's structure (the memo reads no statistics).
-_PARTICIPANTS: weakref.WeakKeyDictionary[SnapshotStructure, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
+_PARTICIPANTS: weakref.WeakKeyDictionary[SnapshotStructure, _ParticipantTable] = weakref.WeakKeyDictionary()
 _PARTICIPANTS_LOCK = threading.Lock()
 
 
-def _participant_memo(snapshot: GraphSnapshot) -> dict[Hashable, Any]:
+def _participant_memo(snapshot: GraphSnapshot) -> _ParticipantTable:
     """Per snapshot: ``("catalog", owner_catalog)`` → :func:`_catalog_aliases`, ``(owner_catalog, i)`` →
     :func:`_contributions`. Both read only the snapshot and the catalog, so the top scored nodes a scene keeps
-    finding are matched once (racing threads store equal values)."""
+    finding are matched once (racing threads store equal values). A structure updated by a delta starts from its
+    parent's table (:func:`_updated_participants`)."""
+    structure = snapshot.structure
     with _PARTICIPANTS_LOCK:
-        memo = _PARTICIPANTS.get(snapshot.structure)
+        memo = _PARTICIPANTS.get(structure)
+        if memo is not None and len(memo) < MAX_PARTICIPANT_MEMO:
+            return memo
+        parent = structure.parent if memo is None and structure.change is not None else None
+        previous = _PARTICIPANTS.get(parent) if parent is not None else None
+    change = structure.change
+    fresh = (
+        _updated_participants(snapshot, previous, change) if previous is not None and change is not None else None
+    )
+    if fresh is None:
+        fresh = _ParticipantTable(_owner_signature(snapshot))
+    with _PARTICIPANTS_LOCK:
+        memo = _PARTICIPANTS.get(structure)
         if memo is None or len(memo) >= MAX_PARTICIPANT_MEMO:
-            memo = _PARTICIPANTS[snapshot.structure] = {}
+            memo = _PARTICIPANTS[structure] = fresh
         return memo
+
+
+def _updated_participants(
+    snapshot: GraphSnapshot, old: _ParticipantTable, change: StructureChange
+) -> _ParticipantTable | None:
+    """The parent's participant table for ``snapshot``: the catalog aliases and the contributions of the nodes
+    ``change`` left unchanged, when the owner catalog (:func:`_owner_signature`) is the same — a contribution
+    reads only its node and the catalog. An appended-only delta copies the table (in C) and drops the rewritten
+    nodes' rows; another moves the rows to their new positions. None (build anew) when the catalog changed."""
+    signature = _owner_signature(snapshot)
+    if signature != old.signature or len(old) >= MAX_PARTICIPANT_MEMO:
+        return None
+    with _PARTICIPANTS_LOCK:
+        catalogs = set(old.catalogs)
+        entries = dict(old)
+    rewritten = change.rewritten.tolist()
+    if change.appended_only and change.appended == change.n_old:
+        for c in catalogs:
+            for r in rewritten:
+                entries.pop((c, r), None)
+        return _ParticipantTable(signature, entries, catalogs)
+    kept: dict[Hashable, Any] = {("catalog", c): entries[("catalog", c)] for c in catalogs if ("catalog", c) in entries}
+    rows: dict[Any, dict[int, Any]] = {c: {} for c in catalogs}
+    for k, v in entries.items():  # O(entries): a delete or a move is rarer than an append
+        if isinstance(k, tuple) and len(k) == 2 and isinstance(k[1], int) and k[0] in rows:
+            rows[k[0]][k[1]] = v
+    for c, table in rows.items():
+        kept.update(((c, i), v) for i, v in _moved(table, change).items())
+    return _ParticipantTable(signature, kept, catalogs)
 
 
 #: What one scored row adds to an owner candidate: ``(owner key, owner name, base, cap, divisor, source,
@@ -435,7 +736,12 @@ def scene_owner_candidates(state: RecallState, selection: SelectionSettings) -> 
         return _ordered(merged)
     memo = _participant_memo(snap)
     catalog_key = ("catalog", state.context.owner_catalog)
-    catalog = memo[catalog_key] if catalog_key in memo else memo.setdefault(catalog_key, _catalog_aliases(state))
+    catalog = memo.get(catalog_key)
+    if catalog is None:
+        built = _catalog_aliases(state)
+        with _PARTICIPANTS_LOCK:  # the key and the catalog set together: what a child's update copies
+            catalog = memo.setdefault(catalog_key, built)
+            memo.catalogs.add(state.context.owner_catalog)
     for i, w in zip(table.index[:limit].tolist(), table.weighted_score[:limit].tolist(), strict=True):
         row_key = (state.context.owner_catalog, i)
         contributions = memo.get(row_key)
@@ -534,7 +840,7 @@ class OwnerStage(TimedStage):
         if not wanted or len(table) == 0:
             return found
         memo = _memo(snap)
-        types = memo.types
+        types = memo.codes
         for i in table.index.tolist():  # scored rows only, in ranking order; stops once every owner is found
             if types[i] != _POV:
                 continue
@@ -658,7 +964,7 @@ class OwnerStage(TimedStage):
         """
         snap = state.snapshot
         memo = _memo(snap)
-        types, archived = memo.types, memo.archived
+        types, archived = memo.codes, memo.flags
         out: list[int] = []
         seen: set[int] = set()
         # Verdict of each node judged in this reconstruction. Admission is per node, so judging a node once, in
@@ -892,7 +1198,7 @@ def _walk_list(snap: GraphSnapshot, memo: _SnapshotMemo, kind: str, i: int) -> A
     else:
         nb = _neighbours(snap, i)
         if kind == "event":
-            found = tuple(j for j in nb.tolist() if memo.types[j] in _EVENT_NEIGHBOR_CODES)
+            found = tuple(j for j in nb.tolist() if memo.codes[j] in _EVENT_NEIGHBOR_CODES)
         elif kind == "pov":
             found = _by_recency(snap, nb)
         else:
@@ -907,7 +1213,7 @@ def _likely_judged(snap: GraphSnapshot, memo: _SnapshotMemo, selected: Sequence[
     """The nodes scene reconstruction of ``selected`` most likely reads the verdict of: the expansion lists of
     the selected nodes (the first few of the recency-ordered ones) and, for the events among them or likely
     chosen by them, their event-neighbour lists and first nearest events."""
-    types = memo.types
+    types = memo.codes
     out: list[int] = []
     events: list[int] = []
     for i in selected:
