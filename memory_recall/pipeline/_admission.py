@@ -36,6 +36,7 @@ import numpy as np
 
 from memory_recall.pipeline._graph_cache import active_mask, hidden_mask
 from memory_recall.pipeline.scoring import (
+    carry_rows,
     knowledge_gate,
     persona_row,
     resolve_owner_rows,
@@ -113,17 +114,19 @@ def _verdicts(snapshot: Any, key: Hashable) -> np.ndarray:
     time — all frozen and compared by value) and the two settings sections, so a scene that stays the same
     over several turns reuses what earlier recalls judged. The verdict reads none of the statistics overlay
     (scope buckets, the knowledge gate, the temporal director), so the arrays are kept per snapshot structure:
-    they survive reinforcement writes and die with the structure (weak keys).
+    they survive reinforcement writes and die with the structure (weak keys). A structure a delta updated starts
+    with every scene its parent held (:func:`_carried_scenes`), so the scenes of the turns before a write keep
+    their verdicts too.
     """
+    structure = snapshot.structure
     with _VERDICTS_LOCK:
-        scenes = _VERDICTS.get(snapshot.structure)
+        scenes = _VERDICTS.get(structure)
         if scenes is None:
-            scenes = OrderedDict()
-            _VERDICTS[snapshot.structure] = scenes
+            scenes = _carried_scenes(structure, snapshot.n)
+            _VERDICTS[structure] = scenes
         arr = scenes.get(key)
         if arr is None:
             arr = np.full(snapshot.n, -1, dtype=np.int8)
-            _carry_parent_verdicts(snapshot.structure, key, arr)
             scenes[key] = arr
             while len(scenes) > MAX_SCENES_PER_SNAPSHOT:
                 scenes.popitem(last=False)
@@ -132,18 +135,21 @@ def _verdicts(snapshot: Any, key: Hashable) -> np.ndarray:
         return arr
 
 
-def _carry_parent_verdicts(structure: Any, key: Hashable, arr: np.ndarray) -> None:
-    """Fill ``arr`` with the verdicts the parent structure (the one a delta updated into ``structure``) judged for
-    the nodes the delta left unchanged, unless the chat state was written (the gate and the director read it).
-    A node's verdict reads only the node, the scene and the state. Called under ``_VERDICTS_LOCK``."""
+def _carried_scenes(structure: Any, n: int) -> OrderedDict[Hashable, np.ndarray]:
+    """The verdict arrays of every scene the parent structure (the one a delta updated into ``structure``) held,
+    in its order, with the verdicts of the nodes the delta left unchanged and −1 for the others; none when the
+    chat state was written (the gate and the director read it). A node's verdict reads only the node, the scene
+    and the state. O(scenes × n) in numpy, no scan of the nodes in Python. Called under ``_VERDICTS_LOCK``."""
+    out: OrderedDict[Hashable, np.ndarray] = OrderedDict()
     change, parent = structure.change, structure.parent
     if change is None or parent is None or change.state_changed:
-        return
+        return out
     scenes = _VERDICTS.get(parent)
-    old = scenes.get(key) if scenes else None
-    if old is not None:
-        src, dst = change.carried()
-        arr[dst] = old[src]
+    if not scenes:
+        return out
+    for key, old in scenes.items():
+        out[key] = carry_rows(old, change, -1)
+    return out
 
 
 def _suppressed_all(state: RecallState) -> np.ndarray:

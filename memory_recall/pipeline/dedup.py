@@ -51,7 +51,7 @@ import numpy as np
 
 from memory_recall.model.graph import Node
 from memory_recall.pipeline._graph_cache import cached
-from memory_recall.pipeline.scoring import take_rows
+from memory_recall.pipeline.scoring import carry_rows, take_rows
 from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import DiversitySettings, SelectionSettings
 from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, StructureChange
@@ -99,30 +99,40 @@ class _SnapshotKeys:
     ``text_id[i]`` numbers node ``i``'s ``(scope owner key, dedup_text_key)`` (equal keys, equal numbers; ``-1``:
     no key), computed the first time the node is examined (nodes never change inside a snapshot), ``-2`` before;
     4 bytes per node plus the keys seen so far. ``ranges`` holds two (n,) masks per range-type set (2 bytes per
-    node).
+    node). ``numbers`` (the key → number table) and ``lock`` are shared by the entries a chain of deltas derived
+    from one another (:func:`_updated_keys`): a number only has to mean the same key within one entry, and a shared
+    table numbers a key once for all of them.
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, numbers: dict[tuple[str, str], int] | None = None,
+                 lock: threading.Lock | None = None) -> None:
         self.text_id = np.full(n, _UNKNOWN, dtype=np.int32)
-        self.numbers: dict[tuple[str, str], int] = {}
+        self.numbers: dict[tuple[str, str], int] = {} if numbers is None else numbers
         self.ranges: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
-        self.lock = threading.Lock()  # numbering new keys (two recalls may share the snapshot)
+        self.lock = threading.Lock() if lock is None else lock  # numbering new keys (recalls may share them)
 
 
 def _snapshot_keys(snapshot: GraphSnapshot) -> _SnapshotKeys:
-    value, _ = cached(snapshot, ("dedup-keys",), lambda: _SnapshotKeys(snapshot.n), _updated_keys)
+    def update(old: _SnapshotKeys, change: StructureChange) -> _SnapshotKeys:
+        return _updated_keys(snapshot, old, change)
+
+    value, _ = cached(snapshot, ("dedup-keys",), lambda: _SnapshotKeys(snapshot.n), update)
     return value
 
 
-def _updated_keys(old: _SnapshotKeys, change: StructureChange) -> _SnapshotKeys:
+def _updated_keys(snapshot: GraphSnapshot, old: _SnapshotKeys, change: StructureChange) -> _SnapshotKeys:
     """The parent structure's text-key numbers for the nodes a delta left unchanged (a node's number reads only
-    its own owner key and fields); the new and rewritten nodes are numbered when first examined. The range
-    masks are per structure (they read every node) and built again."""
-    out = _SnapshotKeys(change.n_new)
-    src, dst = change.carried()
-    with old.lock:
-        out.text_id[dst] = old.text_id[src]
-        out.numbers = dict(old.numbers)
+    its own owner key and fields); the new and rewritten nodes are numbered when first examined. The range masks
+    read only each node's own type and range: carried likewise, the rewritten and new nodes' entries derived
+    again. O(n) in numpy, O(changed) in Python; the number table is shared, not copied."""
+    out = _SnapshotKeys(change.n_new, old.numbers, old.lock)
+    out.text_id = carry_rows(old.text_id, change, _UNKNOWN)
+    rows = np.concatenate([np.asarray(change.rewritten, dtype=np.int64),
+                           np.arange(change.appended, change.n_new, dtype=np.int64)])
+    for types, (eligible, wide) in list(old.ranges.items()):
+        new_eligible, new_wide = carry_rows(eligible, change, False), carry_rows(wide, change, False)
+        new_eligible[rows], new_wide[rows] = _range_masks(snapshot, types, rows)
+        out.ranges[types] = (new_eligible, new_wide)
     return out
 
 
@@ -141,6 +151,20 @@ def _text_ids(snapshot: GraphSnapshot, keys: _SnapshotKeys, idx: np.ndarray) -> 
     return ids
 
 
+def _range_masks(
+    snapshot: GraphSnapshot, types: tuple[str, ...], rows: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(eligible, wide)`` of the nodes at ``rows`` (every node when None): see :func:`_range_rows`."""
+    start, end, type_code = snapshot.seq_start, snapshot.seq_end, snapshot.type_code
+    if rows is not None:
+        start, end, type_code = start[rows], end[rows], type_code[rows]
+    # Type code → in ``types``, as a table (codes are NODE_TYPES indices, −1 for an unknown type: the last entry).
+    member = np.zeros(len(TYPE_CODE) + 1, dtype=bool)
+    member[[TYPE_CODE[t] for t in types if t in TYPE_CODE]] = True
+    eligible = ~np.isnan(start) & ~np.isnan(end) & member[type_code]
+    return eligible, eligible & (end > start)
+
+
 def _range_rows(
     snapshot: GraphSnapshot, keys: _SnapshotKeys, range_types: frozenset[str]
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -151,10 +175,7 @@ def _range_rows(
     types = tuple(sorted(range_types))
     masks = ranges.get(types)
     if masks is None:
-        start, end = snapshot.seq_start, snapshot.seq_end
-        codes = [TYPE_CODE[t] for t in types if t in TYPE_CODE]
-        eligible = ~np.isnan(start) & ~np.isnan(end) & np.isin(snapshot.type_code, codes)
-        masks = ranges[types] = (eligible, eligible & (end > start))
+        masks = ranges[types] = _range_masks(snapshot, types)
     return masks
 
 

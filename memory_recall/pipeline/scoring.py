@@ -77,6 +77,7 @@ Departures (recall-spec)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -113,7 +114,13 @@ from memory_recall.pipeline.state import (
 from memory_recall.pipeline.temporal import time_cue_weights
 from memory_recall.pipeline.vector_prefilter import query_similarities
 from memory_recall.settings import ContextSettings, LexicalSettings, ScoringSettings
-from memory_recall.store.snapshot import TENSE_CODE, GraphSnapshot, SnapshotStructure, StructureChange
+from memory_recall.store.snapshot import (
+    TENSE_CODE,
+    GraphSnapshot,
+    SnapshotStructure,
+    StructureChange,
+    appended_rows,
+)
 from memory_recall.text.normalize import normalize_query
 
 __all__ = [
@@ -129,6 +136,7 @@ __all__ = [
     "ScoringStage",
     "TemporalResult",
     "bucket_weights",
+    "carry_rows",
     "explain_row",
     "knowledge_gate",
     "node_label",
@@ -228,6 +236,9 @@ class _SnapshotArrays:
     # The strings the scope buckets compare, as integer codes of ``vocab`` (equal codes ⇔ equal strings), so a
     # recall compares a few hundred integers instead of strings:
     vocab: dict[str, int]
+    # The vocabulary's size after each coded column (owner key, owner name, region, tokens), in coding order: a
+    # string of a column keeps a build's code when it is below that column's end (the update path).
+    vocab_ends: tuple[int, ...]
     owner_key_code: np.ndarray  # (n,) int32: scope owner key ("" when objective)
     owner_name_code: np.ndarray  # (n,) int32: scope owner name (or id), lower-cased
     region_primary_code: np.ndarray  # (n,) int32: primary region, lower-cased
@@ -246,8 +257,9 @@ class _SnapshotArrays:
     flashback_tense: np.ndarray  # (n,) bool
     # Knowledge gate: per owner row of ``snapshot.knowledge`` (plus a last row standing for an owner key without
     # an entry) and node, the part of the verdict that does not depend on the scores (_G_* codes).
+    # The owners' visibility scores are read from ``snapshot.knowledge.visibility`` where the gate gathers them,
+    # rounded there (_rounded_visibility): no (owners, n) copy per snapshot.
     gate_code: np.ndarray  # (owners + 1, n) uint8
-    visibility: np.ndarray  # (owners, n) float64: the owners' visibility scores, rounded (_rounded_visibility)
     labels: dict[int, str]  # node index → node_label, filled on use (at most MAX_LABELS entries)
     # (active segment order, flashback cue) → temporal rule code of every node classified so far ((n,) int8,
     # −1 = not yet); at most MAX_TEMPORAL_MEMOS entries.
@@ -346,14 +358,20 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
         # Lower-cased as numpy strings (``np.char.lower``), the form the comparisons were defined on.
         vocab: dict[str, int] = {}
         tokens = list(itertools.chain.from_iterable(snapshot.region_tokens))
+        ends: list[int] = []
         owner_key_code = _encode(list(snapshot.scope_owner_key), vocab, lower=False)
+        ends.append(len(vocab))
         owner_name_code = _encode(snapshot.scope_owner_name, vocab, lower=True)
+        ends.append(len(vocab))
         region_primary_code = _encode(snapshot.region_primary, vocab, lower=True)
+        ends.append(len(vocab))
         token_codes = _encode(tokens, vocab, lower=True)
+        ends.append(len(vocab))
         rule, start_order, end_order, flashback = _temporal_parts(snapshot, order, None)
         return _SnapshotArrays(
             ids=ids,
             vocab=vocab,
+            vocab_ends=tuple(ends),
             owner_key_code=owner_key_code,
             owner_name_code=owner_name_code,
             region_primary_code=region_primary_code,
@@ -366,7 +384,6 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
             end_order=end_order,
             flashback_tense=flashback,
             gate_code=_gate_codes(snapshot),
-            visibility=_rounded_visibility(snapshot),
             labels={},
             temporal_memo={},
         )
@@ -382,10 +399,7 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
         vocab = prev.vocab
         # A string of a changed row keeps a build's code when an old row of this column or of an earlier one
         # (_encode order) holds it: below that column's end of the vocabulary.
-        ends = np.maximum.accumulate([
-            int(a.max()) + 1 if a.size else 0
-            for a in (prev.owner_key_code, prev.owner_name_code, prev.region_primary_code, prev.token_flat_code)
-        ])
+        ends = prev.vocab_ends  # every vocabulary entry is some row's string: its size after a column is its end
         lens = np.fromiter(map(len, map(snapshot.region_tokens.__getitem__, rl)), dtype=np.int64, count=len(rl))
         columns = (
             ([snapshot.scope_owner_key[i] for i in rl], False),
@@ -394,7 +408,7 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
             (list(itertools.chain.from_iterable(map(snapshot.region_tokens.__getitem__, rl))), True),
         )
         coded: list[np.ndarray] = []
-        for (values, lower), end in zip(columns, ends.tolist(), strict=True):
+        for (values, lower), end in zip(columns, ends, strict=True):
             out = np.empty(len(values), dtype=np.int32)
             for j, v in enumerate(values):
                 if not isinstance(v, str):
@@ -407,7 +421,7 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
             coded.append(out)
         key_c, name_c, region_c, token_c = coded
         k = rewritten.size
-        old_lens = np.diff(prev.token_offsets)[rewritten]
+        old_lens = prev.token_offsets[rewritten + 1] - prev.token_offsets[rewritten]
         if k and not (
             np.array_equal(key_c[:k], prev.owner_key_code[rewritten])
             and np.array_equal(name_c[:k], prev.owner_name_code[rewritten])
@@ -416,15 +430,16 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
         ):
             return None  # a rewritten node's strings changed: one may have left the graph
         split = int(lens[:k].sum())
-        for j, i in enumerate(rewritten.tolist()):
-            lo, hi = prev.token_offsets[i], prev.token_offsets[i + 1]
-            at = int(lens[:j].sum())
-            if not np.array_equal(token_c[at:at + hi - lo], prev.token_flat_code[lo:hi]):
+        if split:  # the rewritten rows' tokens (their counts are equal) against their old tokens, in one gather
+            starts = prev.token_offsets[rewritten]
+            stops = np.cumsum(lens[:k])
+            old_at = np.arange(split, dtype=np.int64) + np.repeat(starts - (stops - lens[:k]), lens[:k])
+            if not np.array_equal(token_c[:split], prev.token_flat_code[old_at]):
                 return None
         add_lens = lens[k:]
         add_tokens = token_c[split:]
-        offsets = np.concatenate([prev.token_offsets, prev.token_offsets[-1] + np.cumsum(add_lens)])
-        flat = np.concatenate([prev.token_flat_code, add_tokens])
+        offsets = appended_rows(prev.token_offsets, prev.token_offsets[-1] + np.cumsum(add_lens))
+        flat = appended_rows(prev.token_flat_code, add_tokens)
         if prev.token_matrix is None:
             matrix = None
         else:
@@ -439,21 +454,34 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
                     old = np.concatenate([old, np.full((old.shape[0], width - old.shape[1]), -1, np.int32)], axis=1)
                 if tail.shape[1] < width:
                     tail = np.concatenate([tail, np.full((tail.shape[0], width - tail.shape[1]), -1, np.int32)], axis=1)
-                matrix = np.concatenate([old, tail])
+                matrix = appended_rows(old, tail)
         new_ids = np.empty(change.n_new - change.appended, dtype=object)
         new_ids[:] = snapshot.ids[change.appended:]
         order = prev.segment_order
         rule, start_order, end_order, flashback = _temporal_parts(snapshot, order, rows)
 
         def spliced(old: np.ndarray, part: np.ndarray) -> np.ndarray:
+            if not k or old[rewritten].tobytes() == part[:k].tobytes():
+                return appended_rows(old, part[k:])  # the rewritten rows hold what they held: share the old rows
             out = np.concatenate([old, part[k:]])
             out[rewritten] = part[:k]
             return out
 
-        rewritten_set = set(rewritten.tolist())
+        # The gate codes of a node read its own knowledge column, type and POV flag, and the knowledge columns of
+        # the nodes the delta kept stand (the state was not written): only the changed columns are derived.
+        part = _gate_codes(snapshot, rows)
+        if part.shape[0] != prev.gate_code.shape[0]:
+            return None
+        gate_code = np.concatenate([prev.gate_code, part[:, k:]], axis=1)
+        gate_code[:, rewritten] = part[:, :k]
+        # Labels of the nodes the delta did not rewrite stand (same node, same position).
+        labels = prev.labels.copy()
+        for i in rewritten.tolist():
+            labels.pop(i, None)
         return _SnapshotArrays(
-            ids=np.concatenate([prev.ids, new_ids]),
+            ids=appended_rows(prev.ids, new_ids),
             vocab=vocab,
+            vocab_ends=ends,
             owner_key_code=spliced(prev.owner_key_code, key_c),
             owner_name_code=spliced(prev.owner_name_code, name_c),
             region_primary_code=spliced(prev.region_primary_code, region_c),
@@ -465,15 +493,33 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
             start_order=spliced(prev.start_order, start_order),
             end_order=spliced(prev.end_order, end_order),
             flashback_tense=spliced(prev.flashback_tense, flashback),
-            gate_code=_gate_codes(snapshot),
-            visibility=_rounded_visibility(snapshot),
-            # Labels of the nodes the delta did not rewrite stand (same node, same position).
-            labels={i: v for i, v in prev.labels.items() if i not in rewritten_set},
-            temporal_memo={},
+            gate_code=gate_code,
+            labels=labels,
+            # A node's story-time rule reads only the node and the (unchanged: no state write) timeline.
+            temporal_memo={
+                key: carry_rows(memo, change, -1)
+                for key, memo in list(prev.temporal_memo.items())[-MAX_CARRIED_SCENES:]
+            },
         )
 
     value, _ = cached(snapshot, ("scoring-arrays",), build, update)
     return value
+
+
+
+def carry_rows(old: np.ndarray, change: StructureChange, fill: Any) -> np.ndarray:
+    """A per-node array of the parent structure (``old``: (n_old, ...)) moved to the child's positions by
+    ``change``: the value of each node the delta kept and did not rewrite, ``fill`` for the rewritten and new
+    nodes. O(n) in numpy (a copy when the delta only appended: ``remap`` is then the identity), never a Python loop
+    over the nodes; ``old`` is not changed."""
+    out = np.full((change.n_new, *old.shape[1:]), fill, dtype=old.dtype)
+    if change.appended_only:
+        out[: change.n_old] = old[: change.n_old]
+    else:
+        src = np.flatnonzero(np.asarray(change.remap) >= 0)
+        out[change.remap[src]] = old[src]
+    out[change.rewritten] = fill
+    return out
 
 
 def _temporal_parts(
@@ -539,10 +585,13 @@ def _field_table(snapshot: GraphSnapshot) -> PackedFieldTable:
     The scores equal what :func:`~memory_recall.pipeline.kernels.lexical.lexical_score` computes from the node's
     fields on every call (tested); only the normalisation work is saved.
     """
-    def update(previous: PackedFieldTable, change: StructureChange) -> PackedFieldTable:
-        # The nodes a delta kept and did not rewrite have the same fields: their packed rows are carried.
-        old, new = change.carried()
-        return previous.carried(snapshot.n, old, new)
+    def update(previous: PackedFieldTable, change: StructureChange) -> PackedFieldTable | None:
+        # The nodes a delta kept and did not rewrite have the same fields: their packed rows are shared (no copy,
+        # no scan of the graph's nodes in Python: O(packed slots) in numpy).
+        try:
+            return previous.remapped(snapshot.n, change.remap, change.rewritten)
+        except ValueError:  # a table of another graph size than the delta's parent: build
+            return None
 
     table, _ = cached(
         snapshot, ("lexical-fields",), lambda: PackedFieldTable(snapshot.n, MAX_PREPARED_NODES), update
@@ -713,7 +762,26 @@ class _SceneCodes:
 MAX_SCENES_PER_SNAPSHOT = 64
 #: Keyed by the snapshot's structure: the codes read no statistics (they survive reinforcement writes).
 _SCENES: weakref.WeakKeyDictionary[SnapshotStructure, dict[Hashable, _SceneCodes]] = weakref.WeakKeyDictionary()
+#: The vocabulary (``_SnapshotArrays.vocab``) each structure's scene codes were coded with.
+_SCENE_VOCABS: weakref.WeakKeyDictionary[SnapshotStructure, dict[str, int]] = weakref.WeakKeyDictionary()
 _SCENES_LOCK = threading.Lock()
+#: Scenes a structure a delta updated takes over from its parent (the most recent ones), with their memos.
+MAX_CARRIED_SCENES = 8
+
+
+def _carried_scene_codes(structure: SnapshotStructure, vocab: dict[str, int]) -> dict[Hashable, _SceneCodes]:
+    """The parent structure's most recent scenes for ``structure`` when its arrays kept the parent's vocabulary
+    (the update path of :func:`_snapshot_arrays` shares it: the same strings have the same codes), their memos
+    moved to the new positions (a node's scope code reads only the node and the scene; rewritten and new nodes are
+    classified again). Empty otherwise. O(scenes × n) in numpy. Called under ``_SCENES_LOCK``."""
+    parent, change = structure.parent, structure.change
+    if parent is None or change is None or _SCENE_VOCABS.get(parent) is not vocab:
+        return {}
+    scenes = list(_SCENES.get(parent, {}).items())[-MAX_CARRIED_SCENES:]
+    return {
+        key: dataclasses.replace(scene, memo={pov: carry_rows(m, change, -1) for pov, m in list(scene.memo.items())})
+        for key, scene in scenes
+    }
 
 
 def _scene_codes(
@@ -726,8 +794,13 @@ def _scene_codes(
         context.owner_keys, context.owner_mode, context.active_character_pov_owner, context.active_user_pov_owner,
         context.active_region, tuple(context.adjacent_regions), bool(region_scoped),
     )
+    structure = snapshot.structure
     with _SCENES_LOCK:
-        found = _SCENES.get(snapshot.structure, {}).get(key)
+        per = _SCENES.get(structure)
+        if per is None:
+            per = _SCENES[structure] = _carried_scene_codes(structure, arrays.vocab)
+            _SCENE_VOCABS[structure] = arrays.vocab
+        found = per.get(key)
     if found is not None:
         return found
     vocab = arrays.vocab
@@ -752,9 +825,10 @@ def _scene_codes(
         adjacent=codes(adjacent) if region_on and adjacent else [],
     )
     with _SCENES_LOCK:
-        per = _SCENES.get(snapshot.structure)
+        per = _SCENES.get(structure)
         if per is None:
-            per = _SCENES[snapshot.structure] = {}
+            per = _SCENES[structure] = {}
+            _SCENE_VOCABS[structure] = arrays.vocab
         if len(per) >= MAX_SCENES_PER_SNAPSHOT:
             per.clear()
         per[key] = scene
@@ -1189,34 +1263,42 @@ _CURRENT_BUCKET = SCOPE_BUCKETS.index("objectiveCurrentRegion")
 _USER_POV_BUCKET = SCOPE_BUCKETS.index("userPov")
 
 
-def _gate_codes(snapshot: GraphSnapshot) -> np.ndarray:
-    """(owners + 1, n) uint8 :data:`_G_NO_OWNER` … codes of every owner row and node; the last row (an owner key
-    without an entry) is all :data:`_G_NO_OWNER`. Assigned from the last rule to the first (first match wins)."""
+def _gate_codes(snapshot: GraphSnapshot, cols: np.ndarray | None = None) -> np.ndarray:
+    """(owners + 1, n) uint8 :data:`_G_NO_OWNER` … codes of every owner row and node (of the nodes ``cols`` only:
+    (owners + 1, len(cols))); the last row (an owner key without an entry) is all :data:`_G_NO_OWNER`. Assigned
+    from the last rule to the first (first match wins); a node's codes read only its own columns."""
     know = snapshot.knowledge
-    k, n = know.known.shape
+
+    def at(a: np.ndarray) -> np.ndarray:
+        return a if cols is None else a[..., cols]
+
+    known, own_pov, manual_known = at(know.known), at(know.own_pov), at(know.manual_known)
+    mistaken, hidden = at(know.mistaken), at(know.hidden)
+    type_code, is_pov = at(snapshot.type_code), at(snapshot.is_pov)
+    k, n = known.shape
     codes = np.full((k + 1, n), _G_SCORED, dtype=np.uint8)
     live = codes[:k]
-    anchored = know.known | know.own_pov
-    live[know.manual_known & ~anchored] = _G_SCORED_MANUAL
+    anchored = known | own_pov
+    live[manual_known & ~anchored] = _G_SCORED_MANUAL
     live[anchored] = _G_ANCHORED
-    live[know.manual_known & anchored] = _G_MANUAL
+    live[manual_known & anchored] = _G_MANUAL
     # A chat turn (``message`` node, a project addition) is what was said in the chat, not a memory extracted
     # for an owner: the knowledge state has no entry for it, so only an explicit hidden / mistaken entry gates
     # it (the reference has no such nodes; its raw-cosine rescue let every one through under e5 by accident).
-    live[(live == _G_SCORED) & (snapshot.type_code == MESSAGE_TYPE_CODE)[None, :]] = _G_NO_OWNER
-    live[know.mistaken & ~snapshot.is_pov[None, :]] = _G_MISTAKEN
-    live[know.hidden] = _G_HIDDEN
+    live[(live == _G_SCORED) & (type_code == MESSAGE_TYPE_CODE)[None, :]] = _G_NO_OWNER
+    live[mistaken & ~is_pov[None, :]] = _G_MISTAKEN
+    live[hidden] = _G_HIDDEN
     codes[k] = _G_NO_OWNER
     return codes
 
 
-def _rounded_visibility(snapshot: GraphSnapshot) -> np.ndarray:
-    """``snapshot.knowledge.visibility`` as float64 rounded to 7 decimals (C order). Stored as float32 in the
-    snapshot: 7 decimals recover the decimal the owner entry holds (0.6, not 0.6000000238), so the weight is the
-    reference's 0.55 + 0.6 × 0.6 = 0.91. The snapshot's own array when rounding changes nothing (no copy)."""
-    vis = np.ascontiguousarray(snapshot.knowledge.visibility, dtype=np.float64)
-    rounded = vis.round(7)
-    return vis if np.array_equal(rounded, vis, equal_nan=True) else rounded
+def _rounded_visibility(snapshot: GraphSnapshot, at: np.ndarray) -> np.ndarray:
+    """``snapshot.knowledge.visibility`` at the flat positions ``at`` (any shape) as float64 rounded to 7
+    decimals. Stored as float32 in the snapshot: 7 decimals recover the decimal the owner entry holds (0.6, not
+    0.6000000238), so the weight is the reference's 0.55 + 0.6 × 0.6 = 0.91. Element-wise: gathering then
+    rounding gives what rounding the whole array then gathering would, bit for bit."""
+    vis = np.ascontiguousarray(snapshot.knowledge.visibility)
+    return vis.ravel().take(at).astype(np.float64).round(7)  # type: ignore[no-any-return]
 
 
 def _knowledge_gate(
@@ -1280,7 +1362,7 @@ def _knowledge_gate(
     if n_owners:
         if not all(live):
             at = np.array([r if ok else 0 for r, ok in zip(row_list, live, strict=True)])[:, None] * n + idx
-        vis = arrays.visibility.ravel().take(at)
+        vis = _rounded_visibility(snapshot, at)
     else:
         vis = np.zeros((k, m))
     by_scores = _G_BY_SCORES[code]

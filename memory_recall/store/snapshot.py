@@ -71,7 +71,9 @@ __all__ = [
     "SnapshotDelta",
     "SnapshotSource",
     "SnapshotStructure",
+    "SharedPrefix",
     "StructureChange",
+    "appended_rows",
     "apply_delta",
     "build_snapshot",
     "compress_text",
@@ -807,34 +809,36 @@ class _RowBuffer:
             return self.data[:n + extra]
 
 
-#: Buffers handed out by :func:`_appended` → how many leading items are in use (keyed by ``id``; an entry leaves
-#: with its buffer).
+#: Buffers handed out by :func:`appended_rows` → how many leading rows are in use (keyed by ``id``; an entry
+#: leaves with its buffer).
 _GROWN_USED: dict[int, int] = {}
 _GROWN_LOCK = threading.Lock()
 
 
-def _appended(view: np.ndarray, tail: Any) -> np.ndarray:
-    """``np.concatenate([view, tail])`` in ``view``'s dtype, for a 1-D array of a snapshot (never written after
-    it is made). When ``view`` is the longest leading view of a buffer this function allocated, the tail is written
-    into the buffer's spare room and a longer view returned: an append costs O(len(tail)), and older snapshots
-    (shorter views) never see the new items. Otherwise the buffer is allocated with spare room (an eighth, at
-    least 256 items) and ``view`` copied once."""
-    tail = np.asarray(tail, dtype=view.dtype).reshape(-1)
-    if view.ndim != 1:
-        return np.concatenate([view, tail])
-    n, k = view.size, tail.size
-    buf = view.base
-    if isinstance(buf, np.ndarray) and buf.ndim == 1 and buf.dtype == view.dtype and n and (
-            view.ctypes.data == buf.ctypes.data and view.strides == buf.strides):
+def appended_rows(old: np.ndarray, tail: Any) -> np.ndarray:
+    """``np.concatenate([old, tail])`` along the rows (same dtype, shape and bytes), for arrays that are never
+    written after they are made (a snapshot's, a per-structure cache's). When ``old`` is the leading rows of a
+    buffer this function allocated and no array holds the rows after them yet, ``tail`` is written there and a
+    longer view of the buffer returned: an append costs O(len(tail)) and older arrays (shorter views) never see
+    the new rows. Otherwise a buffer with room for later appends (an eighth more rows, at least 256) is
+    allocated and ``old`` copied once."""
+    tail = np.asarray(tail)
+    if tail.ndim != old.ndim:
+        tail = tail.reshape(-1, *old.shape[1:])
+    dtype = np.result_type(old, tail)
+    n, k = old.shape[0], tail.shape[0]
+    buf = old.base
+    if isinstance(buf, np.ndarray) and buf.dtype == old.dtype == dtype and buf.shape[1:] == old.shape[1:] and n and (
+            old.ctypes.data == buf.ctypes.data and old.flags.c_contiguous and buf.flags.c_contiguous):
         with _GROWN_LOCK:
-            if _GROWN_USED.get(id(buf)) == n and n + k <= buf.size:
+            if _GROWN_USED.get(id(buf)) == n and n + k <= buf.shape[0]:
                 buf[n:n + k] = tail
                 _GROWN_USED[id(buf)] = n + k
                 return buf[:n + k]
-    if not k:
-        return view
-    buf = np.empty(n + k + max(256, (n + k) // 8), dtype=view.dtype)
-    buf[:n] = view
+    if not k and old.dtype == dtype:
+        return old
+    buf = np.empty((n + k + max(256, (n + k) // 8), *old.shape[1:]), dtype=dtype)
+    buf[:n] = old
     buf[n:n + k] = tail
     with _GROWN_LOCK:
         _GROWN_USED[id(buf)] = n + k
@@ -1579,7 +1583,7 @@ def _merge_column(old: Any, take: np.ndarray | None, updates: dict[int, Any], ad
     if isinstance(old, np.ndarray):
         if take is None and (not updates or _same_at(old, np.fromiter(updates, np.int64, len(updates)),
                                                      list(updates.values()))):
-            return _appended(old, np.asarray(added, dtype=old.dtype))
+            return appended_rows(old, np.asarray(added, dtype=old.dtype))
         kept = old if take is None else old[take]
         out = np.concatenate([kept, np.asarray(added, dtype=old.dtype)]) if len(added) else kept.copy()
         if updates:
@@ -1702,7 +1706,7 @@ def _merged(
     else:
         ids_list = list(map(snap.ids.__getitem__, take.tolist()))
         ids_list.extend(delta.node_ids[k] for k in add_list)
-    rids = _appended(base.rids, delta.node_rids[add_k]) if take is None else np.concatenate(
+    rids = appended_rows(base.rids, delta.node_rids[add_k]) if take is None else np.concatenate(
         [base.rids[take], delta.node_rids[add_k]])
 
     # Node JSON: kept rows share their blobs.
@@ -1743,7 +1747,7 @@ def _merged(
 
     def edge_col(old: np.ndarray, new: np.ndarray) -> np.ndarray:
         if edges_appended:
-            return _appended(old, new[e_add])
+            return appended_rows(old, new[e_add])
         out = np.concatenate([old[e_take], new[e_add]])
         out[e_pos] = new[e_upd]
         return out
@@ -1803,7 +1807,7 @@ def _merged(
             grown = buffer.data[:n]
     if grown is not None:
         emb = grown
-        has_vec = _appended(snap.has_vector, np.zeros(n - kept_n, bool))
+        has_vec = appended_rows(snap.has_vector, np.zeros(n - kept_n, bool))
     elif snap.dim and dim:  # one pass: the kept rows and zero rows for the new nodes
         buffer = None
         emb = np.concatenate([snap.embeddings if take is None else snap.embeddings[take],
@@ -2020,7 +2024,7 @@ def _appended_snapshot(
     for name, v in vals.items():
         old = snap.importance if name == "importance" else getattr(snap, name)
         if name not in ("prev_index", "next_index") and _same_at(old, rw_at, v[:n_rw]):
-            arrays[name] = _appended(old, v[n_rw:])  # shared with the parent: written no further below
+            arrays[name] = appended_rows(old, v[n_rw:])  # shared with the parent: written no further below
             continue
         out = np.concatenate([old, v[n_rw:]])
         out[rw_at] = v[:n_rw]
@@ -2109,7 +2113,7 @@ def _appended_snapshot(
         m.sum_duplicates()
         return m
 
-    edge_inhibit = _appended(snap.edge_inhibit, inh_new)
+    edge_inhibit = appended_rows(snap.edge_inhibit, inh_new)
     adjacency = sym(snap.adjacency, ~inh_new, ~edge_inhibit)
     inhibit = sym(snap.inhibit, inh_new, edge_inhibit)
     epos = np.arange(e_base, e_count, dtype=np.int64)
@@ -2167,8 +2171,8 @@ def _appended_snapshot(
         span_end_segment=_column_seq(c["span_end_segment"]), has_span_label=arrays["has_span_label"],
         prev_index=prev_index, next_index=next_index, embeddings=source.embeddings,
         has_vector=source.embeddings_normalised, adjacency=adjacency, inhibit=inhibit, temporal_pairs=temporal_pairs,
-        edge_src=_appended(snap.edge_src, a_new), edge_dst=_appended(snap.edge_dst, b_new),
-        edge_strength=_appended(snap.edge_strength, s_new), edge_inhibit=edge_inhibit,
+        edge_src=appended_rows(snap.edge_src, a_new), edge_dst=appended_rows(snap.edge_dst, b_new),
+        edge_strength=appended_rows(snap.edge_strength, s_new), edge_inhibit=edge_inhibit,
         edge_relation=relation_t, edge_ids=edge_ids_t, incident=incident, valid_until_ms=valid_until,
         knowledge=knowledge, knowledge_state=source.knowledge, regions=source.regions, timeline=source.timeline,
         summaries=source.summaries, history=source.history, journal=tuple(source.journal), built_at_ms=now_ms,

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import numpy as np
 from e2e_helpers import edge, graph, node, scored_state, snapshot
 
+from memory_recall.model.graph import MemoryScope, Node
+from memory_recall.model.state import KnowledgeOwner, KnowledgeState
+from memory_recall.pipeline import _admission
 from memory_recall.pipeline._admission import admissible, ids_to_index, suppressed_mask_for
+from memory_recall.pipeline.state import ContextInfo
+from memory_recall.store import Store
+from memory_recall.store.snapshot import GraphSnapshot, SnapshotCache, build_snapshot
 
 
 def state_with(meta):
@@ -49,3 +58,96 @@ def test_hidden_mask_joins_the_lists_without_being_modified():
 
 def test_nothing_recorded_admits_every_scored_active_node():
     assert admitted(state_with(None)) == ["ev-0", "ev-1", "loc", "char"]
+
+
+# --- verdicts carried over a real append (per-structure update) ---------------------------------------------
+
+_CHAT, _NOW = "adm", 1_700_000_000_000
+
+
+def _node(i: int, prev: str | None) -> Node:
+    kind = ("event", "pov_memory", "location", "message")[i % 4]
+    scope = MemoryScope(region_primary=f"Region {i % 3}")
+    if kind == "pov_memory":
+        scope = MemoryScope(layer="pov", owner_type="character", owner_name="Erin" if i % 3 else "Bob")
+    return Node(id=f"n{i:03d}", type=kind, seq=i, importance=1.0, prev_id=prev, scope=scope,
+                fields={"title": f"scene {i}", "summary": f"text {i}"}, seq_range=(i, i + 1),
+                story_time={"segment_id": f"seg-{i % 3}", "tense": "future" if i % 7 == 0 else "past"})
+
+
+def _knowledge(known: list[str]) -> KnowledgeState:
+    return KnowledgeState(owners={"character:erin": KnowledgeOwner(
+        owner_key="character:erin", owner_type="character", owner_name="Erin", known_node_ids=known,
+        manual_hidden_node_ids=["n005"], visibility_scores={"n008": 0.7, "n010": 0.3})})
+
+
+def _store(path: Path) -> Store:
+    store = Store(path)
+    with store.write(_CHAT) as w:
+        w.upsert_nodes([_node(i, f"n{i - 1:03d}" if i else None) for i in range(16)])
+        w.set_knowledge(_knowledge(["n000", "n004"]))
+    return store
+
+
+_CTX = ContextInfo(owner_keys=("character:erin",), active_region="region 1")
+
+
+def _verdict(snap: GraphSnapshot, idx: np.ndarray) -> list[bool]:
+    return admissible(scored_state(snap, [], context=_CTX), idx).tolist()
+
+
+def _fresh(store: Store) -> GraphSnapshot:
+    return build_snapshot(store.snapshot_source(_CHAT, ""), now_ms=_NOW)
+
+
+class TestCarriedVerdicts:
+    def test_an_append_carries_every_scene_of_the_parent(self, tmp_path: Path) -> None:
+        with _store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            first = cache.get(store, _CHAT, "", now_ms=_NOW)
+            _verdict(first, np.arange(0, first.n, 2))
+            other = dataclasses.replace(_CTX, active_region="region 2")
+            admissible(scored_state(first, [], context=other), np.arange(first.n))
+            parent = dict(_admission._VERDICTS[first.structure])
+            assert len(parent) == 2
+            with store.write(_CHAT) as w:
+                w.upsert_nodes([_node(16, "n015")])
+            snap = cache.get(store, _CHAT, "", now_ms=_NOW)
+            assert snap.structure.parent is first.structure and snap.structure.change.appended_only
+            _admission._verdicts(snap, next(iter(parent)))
+            carried = _admission._VERDICTS[snap.structure]
+            assert set(carried) == set(parent)  # both scenes
+            for key, old in parent.items():
+                assert carried[key].tolist() == [*old.tolist(), -1]
+            every = np.arange(snap.n)
+            assert _verdict(snap, every) == _verdict(_fresh(store), every)
+
+    def test_a_state_write_carries_nothing(self, tmp_path: Path) -> None:
+        with _store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            first = cache.get(store, _CHAT, "", now_ms=_NOW)
+            every = np.arange(first.n)
+            before = _verdict(first, every)
+            with store.write(_CHAT) as w:  # n004 is no longer known: its verdict changes
+                w.set_knowledge(_knowledge(["n000"]))
+            snap = cache.get(store, _CHAT, "", now_ms=_NOW)
+            assert snap.structure.parent is first.structure and snap.structure.change.state_changed
+            key = next(iter(_admission._VERDICTS[first.structure]))
+            assert (_admission._verdicts(snap, key) == -1).all()
+            after = _verdict(snap, every)
+            assert after == _verdict(_fresh(store), every) and after != before
+
+    def test_a_rewritten_node_is_judged_again(self, tmp_path: Path) -> None:
+        with _store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            first = cache.get(store, _CHAT, "", now_ms=_NOW)
+            every = np.arange(first.n)
+            _verdict(first, every)
+            with store.write(_CHAT) as w:  # n001 (Erin's own POV) becomes Bob's
+                w.upsert_nodes([_node(1, "n000").model_copy(update={"scope": MemoryScope(
+                    layer="pov", owner_type="character", owner_name="Bob")})])
+            snap = cache.get(store, _CHAT, "", now_ms=_NOW)
+            key = next(iter(_admission._VERDICTS[first.structure]))
+            carried = _admission._verdicts(snap, key)
+            assert carried[snap.structure.change.rewritten].tolist() == [-1]
+            assert _verdict(snap, every) == _verdict(_fresh(store), every)

@@ -3,6 +3,8 @@ the best-ranked row, only inside the window DPP and rerank can see."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from score_helpers import (
@@ -18,9 +20,13 @@ from score_helpers import (
     settings,
 )
 
-from memory_recall.pipeline.dedup import DedupStage, dedup_text_key
+from memory_recall.model.graph import Node
+from memory_recall.pipeline import dedup
+from memory_recall.pipeline.dedup import RANGE_TYPES, DedupStage, dedup_text_key
 from memory_recall.pipeline.state import ScoredTable
 from memory_recall.settings import DiversitySettings, SelectionSettings
+from memory_recall.store import Store
+from memory_recall.store.snapshot import GraphSnapshot, SnapshotCache, build_snapshot
 
 
 def _scored(nodes, message: str = "zzz"):
@@ -321,3 +327,82 @@ class TestAgainstPairwiseRules:
                 assert list(res.state.meta["dedupReasons"]) == list(reasons)
                 collapsing += bool(reasons)
         assert collapsing > 20  # the cases do exercise collapsing
+
+
+# --- the per-structure keys after a real append (update path) -----------------------------------------------
+
+_CHAT, _NOW = "dd", 1_700_000_000_000
+
+
+def _node(i: int, prev: str | None, summary: str | None = None) -> Node:
+    kind = ("synopsis", "message", "event")[i % 3]
+    return Node(id=f"n{i:03d}", type=kind, seq=i, importance=1.0, prev_id=prev,
+                fields={"summary": summary or f"the same text {i % 4}", "title": f"scene {i % 2}"},
+                seq_range=(i, i + 1 + i % 3) if i % 5 else None)
+
+
+def _store(path: Path) -> Store:
+    store = Store(path)
+    with store.write(_CHAT) as w:
+        w.upsert_nodes([_node(i, f"n{i - 1:03d}" if i else None) for i in range(15)])
+    return store
+
+
+def _fresh(store: Store) -> GraphSnapshot:
+    return build_snapshot(store.snapshot_source(_CHAT, ""), now_ms=_NOW)
+
+
+def _partition(ids: np.ndarray) -> list[list[int]]:
+    """The nodes grouped by text-key number (−1: no key, alone), in node order: numbers compare only by equality."""
+    groups: dict[int, list[int]] = {}
+    for i, k in enumerate(ids.tolist()):
+        groups.setdefault(k if k >= 0 else -1 - i, []).append(i)
+    return list(groups.values())
+
+
+def _examined(snap: GraphSnapshot) -> tuple[dedup._SnapshotKeys, tuple[np.ndarray, np.ndarray]]:
+    keys = dedup._snapshot_keys(snap)
+    masks = dedup._range_rows(snap, keys, RANGE_TYPES)
+    dedup._text_ids(snap, keys, np.arange(snap.n, dtype=np.int64))
+    return keys, masks
+
+
+class TestAfterAppend:
+    def test_keys_and_range_masks_updated_equal_built(self, tmp_path: Path) -> None:
+        with _store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            first = cache.get(store, _CHAT, "", now_ms=_NOW)
+            parent, _ = _examined(first)
+            with store.write(_CHAT) as w:
+                w.upsert_nodes([_node(15, "n014")])
+            snap = cache.get(store, _CHAT, "", now_ms=_NOW)
+            assert snap.structure.parent is first.structure and snap.structure.change.appended_only
+            keys = dedup._snapshot_keys(snap)
+            assert keys.numbers is parent.numbers and keys.lock is parent.lock  # shared, not copied
+            assert keys.text_id[: first.n].tolist() == parent.text_id.tolist() and keys.text_id[-1] == -2
+            fresh = _fresh(store)
+            built, built_masks = _examined(fresh)
+            masks = dedup._range_rows(snap, keys, RANGE_TYPES)  # carried from the parent's, not built
+            assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes()
+                       for a, b in zip(masks, built_masks, strict=True))
+            _examined(snap)
+            assert _partition(keys.text_id) == _partition(built.text_id)
+
+    def test_a_rewritten_node_is_numbered_again(self, tmp_path: Path) -> None:
+        with _store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            first = cache.get(store, _CHAT, "", now_ms=_NOW)
+            _examined(first)
+            with store.write(_CHAT) as w:  # the text of node 0 now equals node 6's (not 4's); node 2 loses its range
+                w.upsert_nodes([_node(0, None, summary="the same text 2"),
+                                _node(2, "n001").model_copy(update={"seq_range": None})])
+            snap = cache.get(store, _CHAT, "", now_ms=_NOW)
+            keys = dedup._snapshot_keys(snap)
+            rewritten = snap.structure.change.rewritten.tolist()
+            assert set(rewritten) == {0, 2} and (keys.text_id[rewritten] == -2).all()
+            built, built_masks = _examined(_fresh(store))
+            masks = dedup._range_rows(snap, keys, RANGE_TYPES)
+            assert all(a.tobytes() == b.tobytes() for a, b in zip(masks, built_masks, strict=True))
+            _examined(snap)
+            assert _partition(keys.text_id) == _partition(built.text_id)
+            assert keys.text_id[0] == keys.text_id[6] != keys.text_id[4]

@@ -3,8 +3,12 @@ ranking and meta; conformance scenarios 6, 10, 19, 20, 21, 22, 23, 32, 36 and th
 
 from __future__ import annotations
 
+import functools
 import math
 import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,9 +33,16 @@ from score_helpers import (
     settings,
     story,
 )
+from snapshot_equality import exactly_equal
 
-from memory_recall.model.graph import MemoryScope, StoryTimeSpan
+from memory_recall import bench
+from memory_recall.model.graph import MemoryScope, Node, StoryTimeSpan
+from memory_recall.model.state import KnowledgeOwner, KnowledgeState
+from memory_recall.pipeline import scoring
 from memory_recall.pipeline.context import detect_cue_mode
+from memory_recall.pipeline.kernels.lexical import PackedFieldTable, prepare_sources
+from memory_recall.pipeline.result import json_dumps
+from memory_recall.pipeline.retrieve import retrieve
 from memory_recall.pipeline.scoring import (
     SCOPE_BUCKETS,
     ScoringStage,
@@ -43,8 +54,10 @@ from memory_recall.pipeline.scoring import (
     scope_buckets,
     temporal_director,
 )
-from memory_recall.pipeline.state import Candidates, ContextInfo
-from memory_recall.settings import ContextSettings
+from memory_recall.pipeline.state import Candidates, ContextInfo, Providers, RecallQuery
+from memory_recall.settings import ContextSettings, RecallSettings
+from memory_recall.store import Store
+from memory_recall.store.snapshot import GraphSnapshot, SnapshotCache, build_snapshot
 
 # ------------------------------------------------------------------------------------------------------------
 # Lexical (scenario 6) and hybrid score (scenario 10), through the stage
@@ -1238,3 +1251,184 @@ def test_encode_numbers_strings_in_first_occurrence_order(columns: list[list[str
         assert codes.dtype == np.int32
         assert codes.tolist() == expected
     assert vocab == expected_vocab
+
+
+# --- per-structure caches after a real append (update paths) ------------------------------------------------
+
+_AW_CHAT, _AW_MODEL, _AW_NOW = "aw", "aw-model", 1_700_000_000_000
+
+
+def _aw_node(i: int, prev: str | None) -> Node:
+    kind = ("event", "character", "pov_memory", "location", "message", "synopsis")[i % 6]
+    scope: dict[str, Any] = {"region_primary": f"Region {i % 3}", "region_secondary": [f"Zone {i % 2}"]}
+    if kind == "pov_memory":
+        scope = {"layer": "pov", "owner_type": "character", "owner_name": "Erin", "region_primary": "Tower"}
+    words = ("dragon", "lantern", "harbor", "tower", "river", "forest")
+    return Node(
+        id=f"n{i:03d}", type=kind, seq=i, importance=float(1 + i % 9), prev_id=prev,
+        fields={"title": f"{words[i % 6]} scene {i}", "name": f"Name{i % 4}",
+                "summary": f"the {words[(i + 2) % 6]} by the {words[(i + 3) % 6]}"},
+        scope=scope, seq_range=(i, i + 1 + i % 2) if i % 4 else None,
+        story_time={"segment_id": f"seg-{i % 3}", "tense": "past" if i % 2 else "ongoing"},
+    )
+
+
+def _aw_vector(i: int) -> np.ndarray:
+    return np.random.default_rng(i).standard_normal(bench.DIM).astype(np.float32)
+
+
+def _aw_store(path: Path) -> Store:
+    """A store of 18 nodes (every kind, POV memories, ranges, story time), vectors and one knowledge owner."""
+    store = Store(path)
+    nodes = [_aw_node(i, f"n{i - 1:03d}" if i else None) for i in range(18)]
+    with store.write(_AW_CHAT) as w:
+        w.upsert_nodes(nodes)
+        w.put_embeddings(_AW_MODEL, {n.id: _aw_vector(n.seq) for n in nodes if n.seq % 5 != 3})
+        w.set_knowledge(KnowledgeState(owners={"character:erin": KnowledgeOwner(
+            owner_key="character:erin", owner_type="character", owner_name="Erin",
+            known_node_ids=["n001", "n002"], visibility_scores={"n004": 0.6})}))
+    return store
+
+
+def _aw_append(store: Store, i: int) -> None:
+    """One new chat-turn node, as a chat write appends it."""
+    last = max(n.seq for n in store.get_nodes(_AW_CHAT))
+    with store.write(_AW_CHAT) as w:
+        w.upsert_nodes([_aw_node(i, f"n{last:03d}")])
+        w.put_embeddings(_AW_MODEL, {f"n{i:03d}": _aw_vector(i)})
+
+
+def _aw_recall(snap: GraphSnapshot, store: Store, k: int) -> str:
+    query = RecallQuery(
+        user_message=("the dragon by the river", "a lantern in the tower", "Erin at the harbor")[k % 3],
+        recent_lines=("[user]: hello", "[assistant]: The lantern flickers."),
+        now_ms=_AW_NOW, seed=k, chat_id=_AW_CHAT, user_floor=20 + k, active_region="Region 1",
+        active_owner_keys=("character:erin",),
+    )
+    providers = Providers(embedder=bench._PassThroughEmbedder(_AW_MODEL, {}),
+                          lexical_index=lambda terms, limit: store.bm25(_AW_CHAT, terms, limit))
+    return json_dumps(retrieve(snap, query, RecallSettings(profile="app"), providers))
+
+
+def _aw_fresh(store: Store) -> GraphSnapshot:
+    return build_snapshot(store.snapshot_source(_AW_CHAT, _AW_MODEL), now_ms=_AW_NOW)
+
+
+def _arrays_differences(a: Any, b: Any) -> list[str]:
+    memo = {"labels", "temporal_memo"}
+    return [f.name for f in fields(a)
+            if f.name not in memo and not exactly_equal(getattr(a, f.name), getattr(b, f.name))]
+
+
+class TestAfterAppend:
+    """The scoring stage's per-structure values after a one-node append through a real store: derived from the
+    parent structure's (shared where unchanged), equal to what a fresh build gives."""
+
+    def test_snapshot_arrays_updated_equal_built(self, tmp_path: Path) -> None:
+        with _aw_store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            first = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            _aw_recall(first, store, 0)
+            parent = scoring._snapshot_arrays(first)
+            for step in range(3):
+                _aw_append(store, 100 + step)
+                snap = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+                assert snap.structure.change is not None and snap.structure.change.appended_only
+                updated = scoring._snapshot_arrays(snap)
+                assert updated.vocab is parent.vocab  # the update path, not a build
+                assert _arrays_differences(updated, scoring._snapshot_arrays(_aw_fresh(store))) == []
+                assert _aw_recall(snap, store, step) == _aw_recall(_aw_fresh(store), store, step)
+                parent = updated
+
+    def test_gate_codes_of_some_columns_equal_the_full_table(self, tmp_path: Path) -> None:
+        with _aw_store(tmp_path / "s.sqlite3") as store:
+            snap = _aw_fresh(store)
+            full = scoring._gate_codes(snap)
+            cols = np.array([5, 0, 17, 2], dtype=np.int64)
+            assert np.array_equal(scoring._gate_codes(snap, cols), full[:, cols])
+
+    def test_a_state_write_builds_the_arrays_again(self, tmp_path: Path) -> None:
+        with _aw_store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            first = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            parent = scoring._snapshot_arrays(first)
+            with store.write(_AW_CHAT) as w:
+                w.set_knowledge(KnowledgeState(owners={"character:erin": KnowledgeOwner(
+                    owner_key="character:erin", owner_type="character", owner_name="Erin",
+                    known_node_ids=["n003"])}))
+            snap = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            assert snap.structure.parent is first.structure and snap.structure.change.state_changed
+            built = scoring._snapshot_arrays(snap)
+            assert built.vocab is not parent.vocab
+            assert _arrays_differences(built, scoring._snapshot_arrays(_aw_fresh(store))) == []
+
+    def test_a_rewrite_that_changes_a_coded_string_builds_again(self, tmp_path: Path) -> None:
+        with _aw_store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            first = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            parent = scoring._snapshot_arrays(first)
+            old = store.get_node(_AW_CHAT, "n000")
+            assert old is not None
+            with store.write(_AW_CHAT) as w:
+                w.upsert_nodes([old.model_copy(update={"scope": MemoryScope(region_primary="Somewhere New")})])
+            snap = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            built = scoring._snapshot_arrays(snap)
+            assert built.vocab is not parent.vocab
+            assert _arrays_differences(built, scoring._snapshot_arrays(_aw_fresh(store))) == []
+
+    def test_field_table_shares_the_parent_rows(self, tmp_path: Path) -> None:
+        with _aw_store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            first = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            sources = prepare_sources(["the dragon by the river", "lantern scene 1", "harbor"])
+            table = scoring._field_table(first)
+            table.scores(np.arange(first.n), sources, functools.partial(scoring._prepared_node, first))
+            old = store.get_node(_AW_CHAT, "n004")
+            assert old is not None
+            with store.write(_AW_CHAT) as w:  # a rewrite of one node's fields plus a new node
+                w.upsert_nodes([old.model_copy(update={"fields": {**old.fields, "title": "river gate"}})])
+            _aw_append(store, 100)
+            snap = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            assert snap.structure.parent is first.structure
+            carried = scoring._field_table(snap)
+            assert carried._nodes is table._nodes and carried.vocab is table.vocab  # shared, not copied
+            rewritten = snap.index["n004"]
+            assert carried.field_texts(rewritten) is None and carried.field_texts(snap.n - 1) is None
+            keys = np.arange(snap.n)
+            got = carried.scores(keys, sources, functools.partial(scoring._prepared_node, snap))
+            fresh = _aw_fresh(store)
+            want = scoring._field_table(fresh).scores(keys, sources, functools.partial(scoring._prepared_node, fresh))
+            assert got.tobytes() == want.tobytes()
+            # The parent table still scores its own graph bit for bit after handing its buffers over.
+            again = table.scores(np.arange(first.n), sources, functools.partial(scoring._prepared_node, first))
+            base = PackedFieldTable(first.n, 1000).scores(
+                np.arange(first.n), sources, functools.partial(scoring._prepared_node, first))
+            assert again.tobytes() == base.tobytes()
+
+    def test_scene_codes_carried_with_the_vocabulary(self, tmp_path: Path) -> None:
+        with _aw_store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            first = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            ctx = ContextInfo(owner_keys=("character:erin",), active_region="region 1")
+            scope_buckets(first, np.arange(first.n), ctx)
+            _aw_append(store, 100)
+            snap = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            got = scope_buckets(snap, np.arange(snap.n), ctx)
+            assert list(scoring._SCENES[snap.structure]) == list(scoring._SCENES[first.structure])
+            assert got.tolist() == scope_buckets(_aw_fresh(store), np.arange(snap.n), ctx).tolist()
+
+    def test_a_rewrite_that_keeps_the_coded_strings_is_updated(self, tmp_path: Path) -> None:
+        with _aw_store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            first = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            parent = scoring._snapshot_arrays(first)
+            edited = [store.get_node(_AW_CHAT, f"n{i:03d}") for i in (3, 7, 8)]
+            with store.write(_AW_CHAT) as w:  # new summaries, same scope strings and region tokens
+                w.upsert_nodes([n.model_copy(update={"fields": {**n.fields, "summary": "edited"}})
+                                for n in edited if n])
+            _aw_append(store, 100)
+            snap = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            assert snap.structure.change.rewritten.size >= 3 and snap.structure.change.appended_only
+            updated = scoring._snapshot_arrays(snap)
+            assert updated.vocab is parent.vocab
+            assert _arrays_differences(updated, scoring._snapshot_arrays(_aw_fresh(store))) == []

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import sqlite3
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import scipy.sparse as sp
 from hypothesis import strategies as st
 
 from memory_recall.model.graph import NODE_TYPES, Edge, Node
-from memory_recall.store.snapshot import JoinedStrings, PackedTexts, SharedPrefix
 
 _counter = itertools.count()
 
@@ -204,31 +200,3 @@ def graphs(draw: st.DrawFn) -> tuple[list[Node], list[Edge]]:
     return ns, es
 
 
-# -- exact comparison of snapshots ---------------------------------------------------------------------------
-
-
-def exactly_equal(x: Any, y: Any) -> bool:
-    """Whether two snapshot field values are exactly equal: arrays by dtype, shape and bytes (object arrays by
-    value), sparse matrices by their three arrays, dataclasses field by field, the compact text sequences item
-    by item (every item a ``str``), a :class:`SharedPrefix` as the tuple of its items, dicts in key order."""
-    if isinstance(x, PackedTexts | JoinedStrings) or isinstance(y, PackedTexts | JoinedStrings):  # compact forms
-        return list(x) == list(y) and all(type(t) is str for t in (*x, *y))
-    if isinstance(x, SharedPrefix) or isinstance(y, SharedPrefix):  # a tuple's items, shared along appends
-        return isinstance(x, SharedPrefix | tuple) and isinstance(y, SharedPrefix | tuple) and len(x) == len(y) and all(
-            exactly_equal(p, q) for p, q in zip(x, y, strict=True))
-    if type(x) is not type(y):
-        return False
-    if isinstance(x, np.ndarray):
-        if x.dtype != y.dtype or x.shape != y.shape:
-            return False
-        return bool(x.tolist() == y.tolist()) if x.dtype == object else x.tobytes() == y.tobytes()
-    if sp.issparse(x):
-        parts = ("indptr", "indices", "data")
-        return x.shape == y.shape and all(exactly_equal(getattr(x, k), getattr(y, k)) for k in parts)
-    if dataclasses.is_dataclass(x):
-        return all(exactly_equal(getattr(x, f.name), getattr(y, f.name)) for f in dataclasses.fields(x))
-    if isinstance(x, dict):
-        return list(x) == list(y) and all(exactly_equal(x[k], y[k]) for k in x)
-    if isinstance(x, tuple | list):
-        return len(x) == len(y) and all(exactly_equal(p, q) for p, q in zip(x, y, strict=True))
-    return bool(x == y)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from store_helpers import exactly_equal
+from snapshot_equality import exactly_equal
 
 import memory_recall.store.sqlite as store_sqlite
 from memory_recall.errors import StoreError

@@ -628,11 +628,12 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.intp) + np.repeat(starts - (ends - counts), counts)
 
 
-def _grown(arr: np.ndarray, used: int, extra: int) -> np.ndarray:
-    """``arr`` if it has room for ``used + extra`` rows, else a larger copy of its first ``used`` rows (at least
-    doubled, so appending is amortised O(1) per row). Never changes ``arr``'s existing rows."""
+def _grown(arr: np.ndarray, used: int, extra: int, *, copy: bool = False) -> np.ndarray:
+    """``arr`` if it has room for ``used + extra`` rows (and ``copy`` is False), else a larger copy of its first
+    ``used`` rows (at least doubled, so appending is amortised O(1) per row). Never changes ``arr``'s existing
+    rows."""
     need = used + extra
-    if need <= arr.shape[0]:
+    if need <= arr.shape[0] and not copy:
         return arr
     out = np.zeros((max(need, 2 * arr.shape[0], 256), *arr.shape[1:]), dtype=arr.dtype)
     out[:used] = arr[:used]
@@ -645,12 +646,18 @@ class PackedFieldTable:
     with a graph snapshot (its fields never change).
 
     Nodes are packed on first use, from ``prepare(key)`` (the node's :class:`PreparedNode`; None when it has no
-    lexical text, which scores 0). At most ``max_nodes`` nodes are kept, or one batch when it is larger: a
+    lexical text, which scores 0). At most ``max_nodes`` slots are kept, or one batch when it is larger: a
     batch that would pass the bound empties the table first (the vocabulary stays: ids only need to be
     consistent, not dense). Thread-safe; stored rows are never changed in place, so a batch scores from the
     arrays it saw even when another thread packs more nodes or empties the table meanwhile.
 
-    Memory per kept node: its field rows (5 ints each, a few fields), its unit ids (tens of ints), its field
+    A table for the next version of the graph (:meth:`remapped`) shares this one's packed rows instead of copying
+    them: the row buffers are appended to in place only by the one table that owns them (ownership passes to the
+    newest table; any other copies its rows before it next packs), the field texts are interned in one list shared
+    by the tables of a lineage (append-only, under their shared lock), and a slot whose node is gone or changed is
+    left dead (it still counts against ``max_nodes``: it still holds its rows).
+
+    Memory per kept node: its field rows (6 ints each, a few fields), its unit ids (tens of ints), its field
     texts joined by line feeds, and each distinct field text once; plus one int per graph node (its slot).
     """
 
@@ -664,7 +671,9 @@ class PackedFieldTable:
     def _empty(self) -> None:
         # New objects, never cleared in place (see the class docstring).
         self._slot = np.full(self._n, -1, dtype=np.intp)  # node → slot, −1 when not packed
-        self._keys: list[int] = []  # slot → node
+        self._keys = np.zeros(0, dtype=np.intp)  # slot → node (−1: a dead slot), the first _n_slots entries
+        self._n_slots = 0
+        self._dead = 0  # dead slots among the first _n_slots
         self._nodes = np.zeros((0, 4), dtype=np.intp)  # per slot: first field, field count, first unit, unit count
         # Per field: the PackedNode.meta columns, its text id and its signature (_field_signature).
         self._fields = np.zeros((0, 6), dtype=np.int64)
@@ -674,13 +683,15 @@ class PackedFieldTable:
         self._texts: list[str] = []  # per text id
         self._n_fields = 0
         self._n_units = 0
+        self._owns = True  # may append to the row buffers and _haystacks in place (class docstring)
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return self._n_slots - self._dead
 
     def keys(self) -> list[int]:
         """The packed nodes, in packing order."""
-        return list(self._keys)
+        keys = self._keys[: self._n_slots]
+        return keys[keys >= 0].tolist()  # type: ignore[no-any-return]
 
     def field_texts(self, key: int) -> tuple[str, ...] | None:
         """The packed field texts of node ``key`` (:attr:`PreparedNode.fields` order; empty for a node without
@@ -695,35 +706,50 @@ class PackedFieldTable:
     def carried(self, n: int, old: np.ndarray, new: np.ndarray) -> PackedFieldTable:
         """A table for a graph of ``n`` nodes whose node ``new[j]`` has the same lexical fields as this table's
         node ``old[j]`` (the nodes a graph update kept unchanged): those packed here are packed there (their rows
-        copied, in this table's packing order; the vocabulary is shared, so unit ids stay comparable); any other
-        node is packed on first use. O(packed rows) copies in numpy."""
-        out = PackedFieldTable(n, self.max_nodes)
-        out.vocab = self.vocab
+        shared, see :meth:`remapped`); any other node is packed on first use. O(n) in numpy."""
+        remap = np.full(self._n, -1, dtype=np.intp)
+        remap[np.asarray(old, dtype=np.intp)] = np.asarray(new, dtype=np.intp)
+        return self.remapped(n, remap)
+
+    def remapped(self, n: int, remap: np.ndarray, changed: np.ndarray | None = None) -> PackedFieldTable:
+        """A table for a graph of ``n`` nodes in which this table's node ``i`` is node ``remap[i]`` (−1: gone,
+        ``remap`` of length this table's ``n``) with the same lexical fields, except the nodes at ``changed``
+        (positions in the new graph): the packed rows of the others are shared, in place (no row is copied: see
+        the class docstring), and the new table owns the row buffers from now on; any other node is packed on
+        first use. The vocabulary and the interned texts are shared, so unit and text ids stay comparable.
+        O(packed slots + len(changed)) in numpy, plus an (n,) slot array."""
+        remap = np.asarray(remap, dtype=np.intp)
+        if remap.shape != (self._n,):
+            raise ValueError(f"The 'remap' parameter must have shape ({self._n},). Got {remap.shape} instead.")
+        changed = np.zeros(0, dtype=np.intp) if changed is None else np.asarray(changed, dtype=np.intp)
+        out = PackedFieldTable.__new__(PackedFieldTable)
+        out.vocab, out.max_nodes, out._n, out._lock = self.vocab, self.max_nodes, n, self._lock
         with self._lock:
-            target = np.full(self._n, -1, dtype=np.intp)
-            target[np.asarray(old, dtype=np.intp)] = np.asarray(new, dtype=np.intp)
-            keys = np.asarray(self._keys, dtype=np.intp)
-            slots = np.flatnonzero(target[keys] >= 0) if keys.size else np.zeros(0, np.intp)
-            if not slots.size:
-                return out
-            rows = self._nodes[slots]
-            fields = self._fields[_ranges(rows[:, 0], rows[:, 1])]
-            units = self._units[_ranges(rows[:, 2], rows[:, 3])]
-            haystacks = list(map(self._haystacks.__getitem__, slots.tolist()))
-            texts, text_ids = list(self._texts), dict(self._text_ids)
-        nodes = rows.copy()
-        nodes[:, 0] = np.cumsum(rows[:, 1]) - rows[:, 1]
-        nodes[:, 2] = np.cumsum(rows[:, 3]) - rows[:, 3]
-        new_keys = target[keys[slots]]
-        out._nodes, out._fields, out._units = nodes, fields, units
-        out._haystacks, out._texts, out._text_ids = haystacks, texts, text_ids
-        out._n_fields, out._n_units = int(fields.shape[0]), int(units.shape[0])
-        out._keys = new_keys.tolist()
-        out._slot[new_keys] = np.arange(slots.size, dtype=np.intp)
+            k = self._n_slots
+            keys = self._keys[:k]
+            new_keys = np.full(k, -1, dtype=np.intp)
+            live = np.flatnonzero(keys >= 0)
+            new_keys[live] = remap[keys[live]]
+            slot = np.full(n, -1, dtype=np.intp)
+            at = np.flatnonzero(new_keys >= 0)
+            slot[new_keys[at]] = at
+            if changed.size:
+                gone = slot[changed]
+                new_keys[gone[gone >= 0]] = -1
+                slot[changed] = -1
+            out._slot, out._keys, out._n_slots = slot, new_keys, k
+            out._dead = k - int(np.count_nonzero(new_keys >= 0))
+            out._nodes, out._fields, out._units = self._nodes, self._fields, self._units
+            out._haystacks, out._texts, out._text_ids = self._haystacks, self._texts, self._text_ids
+            out._n_fields, out._n_units = self._n_fields, self._n_units
+            out._owns, self._owns = self._owns, False
         return out
 
     def _pack(self, keys: list[int], prepared: list[PreparedNode | None]) -> None:
         # Under the lock: append the nodes' rows, then publish their slots.
+        n_slots = self._n_slots
+        if not self._owns:  # the buffers are another table's now: append to copies of this table's rows
+            self._haystacks = self._haystacks[:n_slots]
         node_rows: list[tuple[int, int, int, int]] = []
         field_rows: list[tuple[int, ...]] = []
         units: list[str] = []
@@ -746,18 +772,21 @@ class PackedFieldTable:
                 field_rows.append((*row, tid, _field_signature(f.text)))
             units.extend(node_units)
             self._haystacks.append(node.haystack)
-        n_slots = len(self._keys)
-        self._nodes = _grown(self._nodes, n_slots, len(keys))
+        copy = not self._owns
+        self._nodes = _grown(self._nodes, n_slots, len(keys), copy=copy)
         self._nodes[n_slots : n_slots + len(keys)] = np.array(node_rows, dtype=np.intp).reshape(-1, 4)
-        self._fields = _grown(self._fields, self._n_fields, len(field_rows))
+        self._fields = _grown(self._fields, self._n_fields, len(field_rows), copy=copy)
         self._fields[self._n_fields : self._n_fields + len(field_rows)] = np.array(
             field_rows, dtype=np.int64
         ).reshape(-1, 6)
-        self._units = _grown(self._units, self._n_units, len(units))
+        self._units = _grown(self._units, self._n_units, len(units), copy=copy)
         self._units[self._n_units : self._n_units + len(units)] = self.vocab.ids_of(units)
+        self._owns = True
         self._n_fields += len(field_rows)
         self._n_units += len(units)
-        self._keys.extend(keys)
+        self._keys = _grown(self._keys, n_slots, len(keys))
+        self._keys[n_slots : n_slots + len(keys)] = keys
+        self._n_slots += len(keys)
         self._slot[keys] = np.arange(n_slots, n_slots + len(keys), dtype=np.intp)
 
     def scores(
@@ -775,7 +804,7 @@ class PackedFieldTable:
             slots = self._slot[keys]
             if (slots < 0).any():
                 missing = list(dict.fromkeys(keys[slots < 0].tolist()))
-                if len(self._keys) + len(missing) > self.max_nodes:
+                if self._n_slots + len(missing) > self.max_nodes:
                     self._empty()
                     missing = list(dict.fromkeys(keys.tolist()))
                 self._pack(missing, [prepare(k) for k in missing])

@@ -381,3 +381,67 @@ class TestPackedFieldTable:
         assert calls == [0, 1, 2] and table.keys() == [2]
         assert table.scores(np.array([0, 1, 2]), prepare_sources([]), prepare).tolist() == [0.0, 0.0, 0.0]
         assert calls == [0, 1, 2]  # no source: nothing to match, nothing packed
+
+    @settings(max_examples=150, deadline=None)
+    @given(
+        nodes=st.lists(
+            st.one_of(st.none(), st.tuples(st.lists(_TEXT, max_size=2), st.lists(_TEXT, max_size=3))),
+            min_size=1, max_size=6,
+        ),
+        packed=st.lists(st.integers(0, 5), max_size=6),
+        fate=st.lists(st.sampled_from(("keep", "drop", "change")), min_size=6, max_size=6),
+        added=st.integers(0, 2),
+        batches=st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 7), max_size=8)), min_size=1, max_size=4),
+        sources=st.lists(_TEXT, min_size=1, max_size=3),
+        max_nodes=st.integers(1, 10),
+    )
+    def test_remapped_table_scores_equal_the_scalar_score(
+        self, nodes, packed, fate, added, batches, sources, max_nodes
+    ) -> None:
+        """A table remapped to the next graph (nodes kept, moved, dropped or changed, nodes added), then the child
+        and the parent scored in any order: each scores its own graph bit for bit."""
+        old = [None if n is None else prepare_node(n[0], n[1]) for n in nodes]
+        srcs = prepare_sources(sources)
+        parent = PackedFieldTable(len(old), max_nodes)
+        parent.scores(np.array([k % len(old) for k in packed], dtype=np.int64), srcs, old.__getitem__)
+        # The next graph: kept nodes in reverse order (positions move), changed ones with other fields, then new.
+        kept = [i for i in range(len(old)) if fate[i] != "drop"][::-1]
+        remap = np.full(len(old), -1, dtype=np.intp)
+        remap[kept] = np.arange(len(kept))
+        new = [prepare_node(["changed"], ["other text"]) if fate[i] == "change" else old[i] for i in kept]
+        new += [prepare_node([f"new {j}"], ["the tower"]) for j in range(added)]
+        changed = np.array([p for p, i in enumerate(kept) if fate[i] == "change"], dtype=np.intp)
+        child = parent.remapped(len(new), remap, changed)
+        assert set(child.keys()) <= set(range(len(new)))
+        for p in changed.tolist():
+            assert child.field_texts(p) is None  # a changed node is packed again on use
+        for on_child, keys in batches:
+            table, graph = (child, new) if on_child else (parent, old)
+            if not graph:
+                continue
+            idx = np.array([k % len(graph) for k in keys], dtype=np.int64)
+            got = table.scores(idx, srcs, graph.__getitem__)
+            expected = [0.0 if graph[k] is None else prepared_lexical_score(graph[k], srcs) for k in idx.tolist()]
+            assert got.tolist() == expected
+
+    def test_remapped_shares_the_rows_and_the_parent_copies_before_it_packs(self) -> None:
+        prepared = [prepare_node(["Alice"], ["the bell tower"]), prepare_node(["Bob"], ["the river"]), None]
+        srcs = prepare_sources(["alice at the tower"])
+        parent = PackedFieldTable(2, max_nodes=10)
+        parent.scores(np.array([0, 1]), srcs, prepared.__getitem__)
+        child = parent.remapped(3, np.arange(2))  # an append: node 2 is new
+        assert child._nodes is parent._nodes and child._fields is parent._fields and child._units is parent._units
+        assert child.keys() == [0, 1] and child.field_texts(1) == parent.field_texts(1)
+        child.scores(np.array([2]), srcs, prepared.__getitem__)  # the owner appends in place
+        assert child._fields is parent._fields and child.keys() == [0, 1, 2]
+        rows = parent._fields[: parent._n_fields].copy()
+        grown = [prepare_node(["Carol"], ["the gate"]), prepared[1]]
+        parent_view = parent.remapped(2, np.array([-1, 1]))  # node 0 gone: its slot is dead
+        assert parent_view.keys() == [1] and len(parent_view) == 1 and parent_view.field_texts(0) is None
+        got = parent_view.scores(np.array([0, 1]), srcs, grown.__getitem__)
+        assert got.tolist() == [prepared_lexical_score(g, srcs) for g in grown]
+        # No table wrote over another's rows.
+        assert np.array_equal(parent._fields[: parent._n_fields], rows)
+        assert child.field_texts(2) == ()
+        assert child.scores(np.array([0, 1, 2]), srcs, prepared.__getitem__).tolist() == [
+            prepared_lexical_score(prepared[0], srcs), prepared_lexical_score(prepared[1], srcs), 0.0]
