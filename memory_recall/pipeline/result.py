@@ -52,12 +52,13 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from memory_recall.model.graph import CORE_TYPES
 from memory_recall.pipeline._admission import admissible, rows_of, with_owners
 from memory_recall.pipeline._graph_cache import cached, cached_stats
 from memory_recall.pipeline.owners import owner_base_key, resolve_pov_owner, scene_context
@@ -211,6 +212,9 @@ class RecallResult(BaseModel):
 # --- JSON helpers -----------------------------------------------------------------------------------------------
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
 _SCALARS = (str, int, bool, type(None))
 _isfinite = math.isfinite
 
@@ -347,24 +351,82 @@ def _kept(snap: GraphSnapshot) -> _Kept:
     return cached(snap, ("result-kept",), _Kept, _updated_kept)[0]
 
 
+def _kept_rows(change: StructureChange) -> bool:
+    """Did the delta delete nothing? Then ``remap`` is the identity: the kept rows did not move and the new nodes
+    come after them (``appended == n_old``), so a per-node memo carries over as one dict copy (C)."""
+    return change.appended == change.n_old
+
+
+def _remapped(old: dict[K, V], change: StructureChange, position: Callable[[K], int], moved: Callable[[K, int], K],
+              *, rewritten: bool) -> dict[K, V]:
+    """The entries of the per-node memo ``old`` of the parent structure at the new positions of their nodes after
+    a delta that deleted nodes, without the deleted nodes' entries (and, unless ``rewritten``, the rewritten
+    ones'). O(entries) Python: a memo holds at most :data:`MAX_NODE_DUMPS`."""
+    items = list(old.items())  # a snapshot of the dict: a recall on the parent may still be adding entries
+    if not items:
+        return {}
+    new = change.remap[np.fromiter((position(k) for k, _ in items), dtype=np.int64, count=len(items))]
+    if not rewritten and change.rewritten.size:
+        new[np.isin(new, change.rewritten)] = -1
+    return {moved(k, j): v for j, (k, v) in zip(new.tolist(), items, strict=True) if j >= 0}
+
+
 def _updated_kept(old: _Kept, change: StructureChange) -> _Kept:
     """The parent structure's :class:`_Kept` at the new positions after a delta: omitted-node models of the nodes
-    the delta left unchanged, and their temporal priorities when the chat state (the timeline) was not written."""
-    src, dst = change.carried()
-    moved = dict(zip(src.tolist(), dst.tolist(), strict=True))
-    out = _Kept(omitted={(moved[i], r): m for (i, r), m in list(old.omitted.items()) if i in moved})
+    the delta kept, and their temporal priorities when the chat state (the timeline) was not written (one O(n)
+    numpy copy per story time, at most :data:`MAX_STORY_TIMES`). Nothing deleted: one dict copy (C)."""
+    # A model holds only its node's id and the reason: a row rewritten in place keeps both (checked on use too).
+    omitted = dict(old.omitted) if _kept_rows(change) else _remapped(
+        old.omitted, change, lambda key: key[0], lambda key, j: (j, key[1]), rewritten=True)
+    out = _Kept(omitted=omitted)
     if not change.state_changed:
         for story, table in list(old.priority.items()):
-            new = np.full(change.n_new, _UNKNOWN_PRIORITY, dtype=np.int8)
-            new[dst] = table[src]
-            out.priority[story] = new
+            fresh = np.full(change.n_new, _UNKNOWN_PRIORITY, dtype=np.int8)
+            if _kept_rows(change):
+                fresh[: change.n_old] = table
+                fresh[change.rewritten] = _UNKNOWN_PRIORITY
+            else:
+                src, dst = change.carried()
+                fresh[dst] = table[src]
+            out.priority[story] = fresh
     return out
+
+
+#: A node's dump and label, with the reinforcement statistics they were read with (:func:`_dump_table`).
+_DumpEntry = tuple[tuple[int, float, int] | None, dict[str, Any], str]
 
 
 def _dumps_memo(snap: GraphSnapshot) -> dict[int, tuple[dict[str, Any], str]]:
     """Node dumps and labels (:func:`_node_entry`) per snapshot object: a dump holds ``importance``,
     ``access_count`` and ``last_access_time``, which a reinforcement write changes."""
     return cached_stats(snap, ("result-node-dumps",), dict)[0]
+
+
+def _dump_table(snap: GraphSnapshot) -> dict[int, _DumpEntry]:
+    """Node dumps and labels per snapshot structure (:func:`_node_entry`), each with the node's reinforcement
+    statistics (``snap.stats.reinforced.get(i)``) it was read with. A node's dump depends only on its JSON (the
+    structure's) and those statistics (:meth:`GraphSnapshot.node`), so an entry serves every snapshot of the
+    structure whose overlay holds the same statistics for the node, and the entries of the rows a delta left
+    unchanged serve the child structure (:func:`_updated_dumps`): the first recall after a write dumps only the
+    new and changed nodes it lists."""
+    return cached(snap, ("result-node-dumps", "structure"), _no_dumps, _updated_dumps)[0]
+
+
+def _no_dumps() -> dict[int, _DumpEntry]:
+    return {}
+
+
+def _updated_dumps(old: dict[int, _DumpEntry], change: StructureChange) -> dict[int, _DumpEntry]:
+    """The parent structure's dump entries of the nodes the delta left unchanged, at their new positions (the
+    overlay carries those rows' reinforcement statistics; each entry is checked against them on use). Nothing
+    deleted: one dict copy and a set intersection (C) with the rewritten rows."""
+    if not _kept_rows(change):
+        return _remapped(old, change, int, lambda _key, j: j, rewritten=False)
+    out = dict(old)  # one C copy: a recall on the parent may still be adding entries
+    if change.rewritten.size:
+        for i in set(change.rewritten.tolist()).intersection(out):
+            del out[i]
+    return out
 
 
 def _omitted(snap: GraphSnapshot, nodes: Iterable[int], reason: str) -> list[OmittedNode]:
@@ -374,7 +436,7 @@ def _omitted(snap: GraphSnapshot, nodes: Iterable[int], reason: str) -> list[Omi
     out = []
     for i in nodes:
         model = models.get((i, reason))
-        if model is None:
+        if model is None or model.node_id != snap.ids[i]:  # (a model carried over a delta: its node's id)
             if len(models) >= MAX_NODE_DUMPS:
                 models.clear()
             model = models[(i, reason)] = OmittedNode(node_id=snap.ids[i], reason=reason)
@@ -399,15 +461,24 @@ def _owners_ran(traces: Sequence[StageTrace]) -> bool:
 
 
 def _node_entry(snap: GraphSnapshot, i: int) -> tuple[dict[str, Any], str]:
-    """``(node.model_dump(mode="json"), node_label(node))`` of node ``i``, from a per-snapshot cache: both depend
-    only on the (immutable) snapshot. The dumps are shared by every result of the snapshot (read-only)."""
+    """``(node.model_dump(mode="json"), node_label(node))`` of node ``i``, from a per-snapshot cache filled from
+    the structure's (:func:`_dump_table`): both depend only on the (immutable) snapshot. The dumps are shared by
+    every result of the snapshot, and of the later snapshots whose node is the same (read-only)."""
     entries = _dumps_memo(snap)
     entry = entries.get(i)
-    if entry is None:
-        if len(entries) >= MAX_NODE_DUMPS:
-            entries.clear()
+    if entry is not None:
+        return entry
+    if len(entries) >= MAX_NODE_DUMPS:
+        entries.clear()
+    table = _dump_table(snap)
+    stat = snap.stats.reinforced.get(i)
+    held = table.get(i)
+    if held is None or held[0] != stat:
         node = snap.node(i)
-        entry = entries[i] = (node.model_dump(mode="json"), node_label(node))
+        if len(table) >= MAX_NODE_DUMPS:
+            table.clear()
+        held = table[i] = (stat, node.model_dump(mode="json"), node_label(node))
+    entry = entries[i] = (held[1], held[2])
     return entry
 
 
@@ -442,16 +513,92 @@ def _temporal_priority(snap: GraphSnapshot, story: ContextInfo, idx: np.ndarray)
     return priority.astype(np.float64)
 
 
+@dataclasses.dataclass(frozen=True)
+class _CoreOrder:
+    """:func:`_core_order` of one snapshot of a structure, with the importance (overlay) it was ordered by."""
+
+    importance: np.ndarray
+    order: np.ndarray
+    synopsis: np.ndarray
+
+
+#: At most this many nodes are placed into a carried core order (:func:`_derived_core_order`); more: sort anew.
+MAX_CORE_REPLACED = 256
+
+
 def _core_order(snap: GraphSnapshot) -> tuple[np.ndarray, np.ndarray]:
     """Per snapshot (cached): the non-archived always-inject nodes ordered by recency desc, importance desc, node
-    id — the cap order of nodes that are neither selected nor scored — and which of them are synopses."""
+    id — the cap order of nodes that are neither selected nor scored — and which of them are synopses.
+
+    Ordered by importance, so kept per overlay; derived (:func:`_derived_core_order`) from the order the structure
+    holds for its first snapshot (itself derived from the parent structure's after a delta), not sorted anew."""
 
     def build() -> tuple[np.ndarray, np.ndarray]:
-        idx = np.flatnonzero(snap.core_mask)
-        order = idx[np.lexsort((snap.id_rank[idx], -snap.importance[idx], -snap.recency(idx)))]
-        return order, snap.type_code[order] == TYPE_CODE["synopsis"]
+        base = cached(snap, ("result-core-order", "structure"), lambda: _sorted_core_order(snap),
+                      lambda old, change: _derived_core_order(snap, old, change))[0]
+        if base.importance is snap.importance:
+            return base.order, base.synopsis
+        derived = _derived_core_order(snap, base, None)  # another overlay of the structure (reinforcement)
+        value = derived if derived is not None else _sorted_core_order(snap)
+        return value.order, value.synopsis
 
-    return cached_stats(snap, ("result-core-order",), build)[0]  # ordered by importance: per overlay
+    return cached_stats(snap, ("result-core-order",), build)[0]
+
+
+def _sorted_core_order(snap: GraphSnapshot) -> _CoreOrder:
+    """:func:`_core_order` of ``snap`` built: one sort of the core nodes."""
+    idx = np.flatnonzero(snap.core_mask)
+    order = idx[np.lexsort((snap.id_rank[idx], -snap.importance[idx], -snap.recency(idx)))]
+    return _CoreOrder(snap.importance, order, snap.type_code[order] == TYPE_CODE["synopsis"])
+
+
+def _derived_core_order(snap: GraphSnapshot, base: _CoreOrder, change: StructureChange | None) -> _CoreOrder | None:
+    """:func:`_core_order` of ``snap`` from ``base``, the order of a snapshot of the parent structure (``change``:
+    how the delta made ``snap``'s structure from it) or of another overlay of ``snap``'s structure (``None``).
+
+    The nodes whose row the delta left unchanged and whose importance is the same keep their relative order (their
+    keys are the same; node-id ranks shift with new ids but keep their order), so only the others — new, rewritten
+    and re-weighted nodes — are placed, by binary search on the keys of the kept order: O(core nodes) numpy and
+    O(placed · log) Python. ``None`` (sort anew) when more nodes are placed than that is worth (at most
+    :data:`MAX_CORE_REPLACED`) or a key is NaN (its place in a sort is not the comparisons')."""
+    order, old_importance = base.order, base.importance[base.order]
+    if change is not None:
+        new = change.remap[order]
+        if change.rewritten.size and new.size:
+            new[np.isin(new, change.rewritten)] = -1
+        stays = new >= 0
+        order, old_importance = new[stays], old_importance[stays]
+        placed = [change.rewritten, np.arange(change.appended, change.n_new, dtype=np.int64)]
+    else:
+        placed = []
+    importance = snap.importance
+    same = importance[order] == old_importance
+    placed.append(order[~same])
+    order = order[same]
+    todo = np.concatenate(placed) if placed else np.zeros(0, dtype=np.int64)
+    if todo.size:
+        todo = todo[np.isin(snap.type_code[todo], [TYPE_CODE[t] for t in sorted(CORE_TYPES) if t in TYPE_CODE])
+                    & ~snap.archived[todo]]
+    # Each placed node costs a few binary searches (~10 µs): beyond a small share of the order, one sort is cheaper.
+    if todo.size > min(MAX_CORE_REPLACED, max(16, order.size // 64)):
+        return None
+    if todo.size:
+        primary, secondary = -snap.recency(order), -importance[order]
+        todo_primary, todo_secondary, todo_rank = -snap.recency(todo), -importance[todo], snap.id_rank[todo]
+        if any(np.isnan(a).any() for a in (primary, secondary, todo_primary, todo_secondary)):
+            return None
+        by_key = np.lexsort((todo_rank, todo_secondary, todo_primary))
+        rank = snap.id_rank[order]
+        at = []
+        for p, q, r in zip(todo_primary[by_key].tolist(), todo_secondary[by_key].tolist(), todo_rank[by_key].tolist(),
+                           strict=True):
+            # Its place in the kept order: the run of its first key, within it the run of its second, then its rank.
+            lo, hi = int(np.searchsorted(primary, p, "left")), int(np.searchsorted(primary, p, "right"))
+            lo, hi = lo + int(np.searchsorted(secondary[lo:hi], q, "left")), lo + int(
+                np.searchsorted(secondary[lo:hi], q, "right"))
+            at.append(lo + int(np.searchsorted(rank[lo:hi], r, "left")))
+        order = np.insert(order, np.asarray(at, dtype=np.int64), todo[by_key])
+    return _CoreOrder(importance, order, snap.type_code[order] == TYPE_CODE["synopsis"])
 
 
 class _Builder:

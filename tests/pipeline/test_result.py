@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from e2e_helpers import contract_setup, graph, make_settings, node, owner, pov, scored_state, snapshot, summaries
 
-from memory_recall.model.graph import MemoryScope, StoryTime
+from memory_recall.model.graph import MemoryScope, Node, StoryTime
 from memory_recall.model.state import StorySegment, TimelineState
+from memory_recall.pipeline import result as result_module
 from memory_recall.pipeline.result import (
     PRIVATE_META_KEYS,
     RecallResult,
@@ -18,8 +19,11 @@ from memory_recall.pipeline.result import (
     json_dumps,
     plain,
 )
-from memory_recall.pipeline.retrieve import run_pipeline
-from memory_recall.pipeline.state import ContextInfo, StageTrace
+from memory_recall.pipeline.retrieve import retrieve, run_pipeline
+from memory_recall.pipeline.state import ContextInfo, Providers, RecallQuery, StageTrace
+from memory_recall.settings import RecallSettings
+from memory_recall.store import Store
+from memory_recall.store.snapshot import GraphSnapshot, SnapshotCache
 
 
 def region(name: str) -> MemoryScope:
@@ -285,3 +289,160 @@ def test_stages_write_plain_meta(mode):
         assert is_plain_json(dict(trace.notes)), trace.name
     result = build_result(run.state, run.settings, timings=run.timings)
     assert is_plain_json(result.meta) and is_plain_json(result.traces) and is_plain_json(result.nodes)
+
+
+# --- per-structure caches after a write (updated from the parent structure's, equal to a fresh build) -----------
+
+CHAT = "result-carry"
+NOW = 1_700_000_000_000
+CARRY_SETTINGS = RecallSettings(profile="app").with_overrides({"injector": {"core_cap": 3}})
+
+
+def _chat_node(k: int, **update: object) -> Node:
+    """Events (core nodes) in recency ties of three and importance ties of two, plus characters and messages."""
+    kind = ("event", "event", "character", "event", "message")[k % 5]
+    words = ("dragon", "lantern", "harbor", "tower", "river")
+    fields = {"title": f"{words[k % 5]} scene {k}", "name": f"Name{k % 3}", "summary": f"the {words[(k + 1) % 5]}"}
+    data: dict[str, object] = {"id": f"n{k:03d}", "type": kind, "seq": k // 3, "importance": float(1 + k % 2),
+                               "fields": fields, "created_time": NOW}
+    data.update(update)
+    return Node.model_validate(data)
+
+
+@pytest.fixture
+def chat_store(store: Store) -> Store:
+    store.upsert_nodes(CHAT, [_chat_node(k) for k in range(24)])
+    return store
+
+
+def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _recall_json(snap: GraphSnapshot, store: Store, k: int = 0) -> str:
+    query = RecallQuery(user_message=("the dragon scene", "a lantern in the tower", "harbor river")[k % 3],
+                        now_ms=NOW, seed=k, chat_id=CHAT, user_floor=30 + k)
+    providers = Providers(lexical_index=lambda terms, limit: store.bm25(CHAT, terms, limit))
+    return json_dumps(retrieve(snap, query, CARRY_SETTINGS, providers))
+
+
+def _fill(snap: GraphSnapshot, store: Store) -> None:
+    """What a recall and the result builder keep per structure: dumps of every node, omitted models, priorities."""
+    _recall_json(snap, store)
+    for i in range(snap.n):
+        result_module._node_entry(snap, i)
+    result_module._omitted(snap, range(snap.n), "core-cap")
+    result_module._temporal_priority(snap, ContextInfo(), np.arange(snap.n))
+
+
+def _assert_carried_equal_fresh(snap: GraphSnapshot, fresh: GraphSnapshot) -> None:
+    """Every value the updated structure holds equals the fresh build's (arrays: dtype, shape, bytes)."""
+    order, synopsis = result_module._core_order(snap)
+    built = result_module._sorted_core_order(fresh)
+    fresh_order, fresh_synopsis = built.order, built.synopsis
+    assert _same_array(order, fresh_order) and _same_array(synopsis, fresh_synopsis)
+    table = result_module._dump_table(snap)
+    assert table, "the parent's dumps were not carried"
+    for i, (stat, dump, label) in list(table.items()):
+        node = fresh.node(i)
+        expected = (node.model_dump(mode="json"), result_module.node_label(node))
+        if stat == snap.stats.reinforced.get(i):  # an entry of another overlay's statistics is never used here
+            assert (dump, label) == expected, fresh.ids[i]
+        assert result_module._node_entry(snap, i) == expected, fresh.ids[i]
+    kept = result_module._kept(snap)
+    assert all(m.node_id == fresh.ids[i] and m.reason == reason for (i, reason), m in kept.omitted.items())
+    for story, priorities in kept.priority.items():
+        judged = np.flatnonzero(priorities != result_module._UNKNOWN_PRIORITY)
+        expected = result_module._temporal_priority(fresh, story, judged)
+        assert _same_array(priorities[judged].astype(np.float64), expected)
+
+
+class TestCachesAfterAWrite:
+    def _after(self, chat_store: Store, write) -> tuple[GraphSnapshot, GraphSnapshot, GraphSnapshot]:
+        cache = SnapshotCache()
+        old = cache.get(chat_store, CHAT, "", now_ms=NOW)
+        _fill(old, chat_store)
+        write(chat_store)
+        new = cache.get(chat_store, CHAT, "", now_ms=NOW)
+        assert cache.last_update[CHAT] == "delta" and new.structure.parent is old.structure
+        fresh = SnapshotCache().get(chat_store, CHAT, "", now_ms=NOW)
+        return old, new, fresh
+
+    def test_append_carries_every_value_without_a_sort(self, chat_store: Store, monkeypatch) -> None:
+        def append(s: Store) -> None:  # a new event tied with the newest ones on recency and importance
+            s.upsert_nodes(CHAT, [_chat_node(24, seq=7, importance=2.0, type="event"),
+                                  _chat_node(26, seq=7, type="character")])
+
+        cache = SnapshotCache()
+        old = cache.get(chat_store, CHAT, "", now_ms=NOW)
+        _fill(old, chat_store)
+        old_dumps = dict(result_module._dump_table(old))
+        append(chat_store)
+        new = cache.get(chat_store, CHAT, "", now_ms=NOW)
+        assert new.structure.change is not None and new.structure.change.appended_only
+        dumps_made = []
+        real_label = result_module.node_label
+        monkeypatch.setattr(result_module, "node_label", lambda n: dumps_made.append(n.id) or real_label(n))
+        with monkeypatch.context() as m:
+            m.setattr(result_module, "_sorted_core_order", lambda snap: pytest.fail("core order sorted anew"))
+            order = result_module._core_order(new)[0]
+        assert [new.ids[i] for i in order[:3]] == ["n021", "n023", "n024"]  # placed into its tie group
+        got = _recall_json(new, chat_store)
+        # Only the new nodes are dumped; the parent's entries are the same objects.
+        assert set(dumps_made) <= {"n024", "n026"}
+        table = result_module._dump_table(new)
+        assert all(table[i] is old_dumps[i] for i in old_dumps)
+        fresh = SnapshotCache().get(chat_store, CHAT, "", now_ms=NOW)
+        assert got == _recall_json(fresh, chat_store)
+        _assert_carried_equal_fresh(new, fresh)
+
+    def test_rewrite_drops_the_rewritten_node(self, chat_store: Store) -> None:
+        def rewrite(s: Store) -> None:  # the newest event moves to the end of the core order, renamed
+            s.upsert_nodes(CHAT, [_chat_node(21, seq=0, importance=1.0, fields={"title": "renamed"})])
+
+        old, new, fresh = self._after(chat_store, rewrite)
+        i = new.index["n021"]
+        assert i not in result_module._dump_table(new)  # not carried: its row was rewritten
+        assert result_module._node_entry(new, i)[1] == "renamed" != result_module._node_entry(old, i)[1]
+        assert result_module._core_order(new)[0].tolist() != result_module._core_order(old)[0].tolist()
+        assert _recall_json(new, chat_store) == _recall_json(fresh, chat_store)
+        _assert_carried_equal_fresh(new, fresh)
+
+    def test_delete_moves_the_carried_rows(self, chat_store: Store) -> None:
+        old, new, fresh = self._after(chat_store, lambda s: s.delete_nodes(CHAT, ["n003", "n010"]))
+        assert new.n == old.n - 2 and new.structure.change is not None and not new.structure.change.appended_only
+        carried = {(m.node_id, reason) for (_, reason), m in result_module._kept(new).omitted.items()}
+        before = {(m.node_id, reason) for (_, reason), m in result_module._kept(old).omitted.items()}
+        assert carried == {(nid, reason) for nid, reason in before if nid not in ("n003", "n010")}
+        assert _recall_json(new, chat_store) == _recall_json(fresh, chat_store)
+        _assert_carried_equal_fresh(new, fresh)
+
+    def test_too_many_placed_nodes_sort_anew(self, chat_store: Store, monkeypatch) -> None:
+        monkeypatch.setattr(result_module, "MAX_CORE_REPLACED", 0)
+        sorts = []
+        real = result_module._sorted_core_order
+        monkeypatch.setattr(result_module, "_sorted_core_order", lambda snap: sorts.append(snap) or real(snap))
+        old, new, fresh = self._after(chat_store, lambda s: s.upsert_nodes(CHAT, [_chat_node(25)]))
+        result_module._core_order(new)
+        assert sorts and sorts[-1] is new  # the update gave up: built
+        _assert_carried_equal_fresh(new, fresh)
+
+    def test_reinforcement_then_append(self, chat_store: Store) -> None:
+        """A reinforcement write (a new overlay of the same structure) reorders importance ties: the core order of
+        the new overlay and of the next structure are derived, and equal fresh builds."""
+        cache = SnapshotCache()
+        old = cache.get(chat_store, CHAT, "", now_ms=NOW)
+        _fill(old, chat_store)
+        chat_store.reinforce(CHAT, ["n018", "n000"], NOW + 1, 5.0)
+        stats = cache.get(chat_store, CHAT, "", now_ms=NOW + 1)
+        assert stats.structure is old.structure and stats.stats is not old.stats
+        fresh = SnapshotCache().get(chat_store, CHAT, "", now_ms=NOW + 1)
+        assert _recall_json(stats, chat_store) == _recall_json(fresh, chat_store)
+        _assert_carried_equal_fresh(stats, fresh)
+        assert result_module._core_order(stats)[0].tolist() != result_module._core_order(old)[0].tolist()
+        chat_store.upsert_nodes(CHAT, [_chat_node(27)])
+        new = cache.get(chat_store, CHAT, "", now_ms=NOW + 1)
+        assert new.structure.parent is old.structure
+        fresh = SnapshotCache().get(chat_store, CHAT, "", now_ms=NOW + 1)
+        assert _recall_json(new, chat_store) == _recall_json(fresh, chat_store)
+        _assert_carried_equal_fresh(new, fresh)
