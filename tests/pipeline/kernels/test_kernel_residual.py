@@ -161,7 +161,9 @@ class TestResidualNovelty:
         span = residual_novelty(q, basis, "projection").novelty
         assert 0.0 <= cone <= 1.0
         assert 0.0 <= span <= 1.0
-        assert span <= cone + 1e-7  # the span contains the cone
+        # The span contains the cone, to the solvers' round-off: on a near-degenerate basis (entries of 1e-10) both
+        # novelties were ~5e-7, the cone's (NNLS) 1.4e-7 below the span's (least squares).
+        assert span <= cone + 1e-6
 
 
 def _rand_nmf_case(rng: np.random.Generator, rows: int, dim: int, low_rank: bool):
