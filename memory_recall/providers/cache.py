@@ -126,13 +126,12 @@ def embed_missing(
     start = time.perf_counter()
     model_id = embedder.model_id
     if hasattr(store, "embedding_status"):
-        todo, probe, up_to_date, archived = _todo_targeted(store, chat_id, model_id)
+        todo, probe, up_to_date, archived = _todo_targeted(store, chat_id, model_id, node_ids)
     else:
         todo, probe, up_to_date, archived = _todo_full(store, chat_id, model_id)
-
-    if node_ids is not None:
-        wanted_ids = set(node_ids)
-        todo = [item for item in todo if item[0] in wanted_ids]
+        if node_ids is not None:
+            wanted_ids = set(node_ids)
+            todo = [item for item in todo if item[0] in wanted_ids]
     total = len(todo)
     if started is not None:
         started(total)
@@ -252,10 +251,15 @@ def _parse(node_id: str, text: str) -> Node:
         raise StoreError(f"corrupt node {node_id!r} in the store: {exc.errors()[0].get('msg', exc)}") from exc
 
 
-def _todo_targeted(store: Any, chat_id: str, model_id: str) -> _Todo:
+def _todo_targeted(store: Any, chat_id: str, model_id: str, node_ids: Collection[str] | None = None) -> _Todo:
     """:func:`_todo_full` from ``store.embedding_status`` and the digest memo (see "Cost" in the module
-    docstring): same result, node JSON parsed only for nodes changed since the last call."""
-    rows: list[tuple[str, bool, str | None, str | None]] = store.embedding_status(chat_id, model_id)
+    docstring): same result, node JSON parsed only for nodes changed since the last call. With ``node_ids``,
+    only those nodes are read (a write's nodes: O(written), not a read of every node's JSON per event); the
+    counts are then theirs."""
+    if node_ids is not None:
+        rows: list[tuple[str, bool, str | None, str | None]] = store.embedding_status(chat_id, model_id, node_ids)
+    else:
+        rows = store.embedding_status(chat_id, model_id)
     with _DIGESTS_LOCK:
         try:
             memo: dict[str, dict[str, tuple[int, str]]] | None = _DIGESTS.setdefault(store, {})
@@ -289,5 +293,10 @@ def _todo_targeted(store: Any, chat_id: str, model_id: str) -> _Todo:
         todo.append((node_id, text, digest))
     if memo is not None:
         with _DIGESTS_LOCK:
-            memo[chat_id] = fresh
+            if node_ids is None:
+                memo[chat_id] = fresh
+            else:
+                memo.setdefault(chat_id, {}).update(fresh)
+    if probe is None and node_ids is not None and todo and hasattr(store, "stored_text_hash"):
+        probe = store.stored_text_hash(chat_id, model_id)  # the dimension check needs one stored vector
     return todo, probe, up_to_date, archived

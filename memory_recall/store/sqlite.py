@@ -1064,20 +1064,38 @@ class StoreReader:
         ).fetchone()
         return None if row is None else _load(Edge, row[0], "edge")
 
-    def embedding_status(self, chat_id: str, model_id: str) -> list[tuple[str, bool, str | None, str | None]]:
-        """``(node_id, archived, node_json, text_hash)`` of every node of the chat in insertion order:
-        ``node_json`` is ``None`` for an archived node (not needed, not read), ``text_hash`` that of the node's
-        stored ``model_id`` vector (``""`` when stored without one) or ``None`` when it has none."""
+    def embedding_status(
+        self, chat_id: str, model_id: str, node_ids: Collection[str] | None = None
+    ) -> list[tuple[str, bool, str | None, str | None]]:
+        """``(node_id, archived, node_json, text_hash)`` of every node of the chat (of those of ``node_ids``
+        only, when given: a write's nodes, not the chat) in insertion order: ``node_json`` is ``None`` for an
+        archived node (not needed, not read), ``text_hash`` that of the node's stored ``model_id`` vector (``""``
+        when stored without one) or ``None`` when it has none."""
         chat_id = validate_chat_id(chat_id)
         model_id = _model_id(model_id)
-        rows = self._conn.execute(
+        select = (
             "SELECT n.node_id, n.archived, CASE WHEN n.archived THEN NULL ELSE n.json END, e.text_hash "
             "FROM nodes n LEFT JOIN embeddings e "
-            "ON e.chat_id = n.chat_id AND e.node_id = n.node_id AND e.model_id = ? "
-            "WHERE n.chat_id = ? ORDER BY n.ord, n.rid",
-            (model_id, chat_id),
-        ).fetchall()
+            "ON e.chat_id = n.chat_id AND e.node_id = n.node_id AND e.model_id = ? WHERE n.chat_id = ? "
+        )
+        if node_ids is None:
+            rows = self._conn.execute(select + "ORDER BY n.ord, n.rid", (model_id, chat_id)).fetchall()
+        else:
+            wanted = json.dumps(sorted({str(i) for i in node_ids}))
+            rows = self._conn.execute(
+                select + "AND n.node_id IN (SELECT value FROM json_each(?)) ORDER BY n.ord, n.rid",
+                (model_id, chat_id, wanted),
+            ).fetchall()
         return [(r[0], bool(r[1]), r[2], r[3]) for r in rows]
+
+    def stored_text_hash(self, chat_id: str, model_id: str) -> str | None:
+        """The text hash of one stored ``model_id`` vector of the chat (any; ``None`` when it has none): a probe
+        of the stored dimension."""
+        row = self._conn.execute(
+            "SELECT text_hash FROM embeddings WHERE chat_id = ? AND model_id = ? AND text_hash != '' LIMIT 1",
+            (validate_chat_id(chat_id), _model_id(model_id)),
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     # -- chat state ----------------------------------------------------------------------------------------
 
@@ -2506,10 +2524,17 @@ class Store:
         with self.read() as r:
             return r.lasting_edge(chat_id, node_id, exclude_ends)
 
-    def embedding_status(self, chat_id: str, model_id: str) -> list[tuple[str, bool, str | None, str | None]]:
+    def embedding_status(
+        self, chat_id: str, model_id: str, node_ids: Collection[str] | None = None
+    ) -> list[tuple[str, bool, str | None, str | None]]:
         """See :meth:`StoreReader.embedding_status`."""
         with self.read() as r:
-            return r.embedding_status(chat_id, model_id)
+            return r.embedding_status(chat_id, model_id, node_ids)
+
+    def stored_text_hash(self, chat_id: str, model_id: str) -> str | None:
+        """See :meth:`StoreReader.stored_text_hash`."""
+        with self.read() as r:
+            return r.stored_text_hash(chat_id, model_id)
 
     def get_knowledge(self, chat_id: str) -> KnowledgeState:
         """See :meth:`StoreReader.get_knowledge`."""

@@ -240,3 +240,40 @@ class TestSubsetAndStop:
         assert seen == [(2, 5), (4, 5)]
         assert rep.total == 4
         assert sorted(store.embedding_hashes(CHAT, local_embedder.model_id)) == ["n0", "n1", "n2", "n3"]
+
+
+class TestNodeIds:
+    def test_status_rows_of_the_given_nodes_only(self, store: Store) -> None:
+        with store.write(CHAT) as w:
+            w.put_embeddings("m", [("n3", np.ones(3, np.float32), "h3")])
+        every = store.embedding_status(CHAT, "m")
+        assert store.embedding_status(CHAT, "m", ["n4", "n1", "nope", "n3"]) == [every[1], every[3], every[4]]
+        assert store.embedding_status(CHAT, "m", []) == []
+        assert store.stored_text_hash(CHAT, "m") == "h3" and store.stored_text_hash(CHAT, "other") is None
+
+    def test_a_write_embeds_its_nodes_from_their_rows(self, store: Store, local_embedder: LocalEmbedder,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+        """``node_ids`` (what the service passes after a write): only those rows are read, the same vectors are
+        written as a whole-chat run would write for them, and the dimension probe still finds a stored vector."""
+        model = local_embedder.model_id
+        embed_missing(store, CHAT, local_embedder, node_ids=["n0"])
+        assert sorted(store.embedding_hashes(CHAT, model)) == ["n0"]
+        read: list[Any] = []
+        real = store.embedding_status
+
+        def counted(chat_id: str, model_id: str, node_ids: Any = None) -> Any:
+            read.append(None if node_ids is None else sorted(node_ids))
+            return real(chat_id, model_id, node_ids)
+
+        monkeypatch.setattr(store, "embedding_status", counted)
+        rep = embed_missing(store, CHAT, local_embedder, node_ids=["n2", "n4"])
+        assert read == [["n2", "n4"]]
+        assert (rep.total, rep.embedded, rep.up_to_date, rep.archived) == (2, 2, 0, 0)
+        ids, matrix = store.get_embeddings(CHAT, model)
+        got = dict(zip(ids, matrix, strict=True))
+        want = local_embedder.embed_passages([embedding_text(_nodes()[2]), embedding_text(_nodes()[4])])
+        np.testing.assert_array_equal(np.stack([got["n2"], got["n4"]]), want)
+        assert sorted(got) == ["n0", "n2", "n4"]
+        monkeypatch.undo()
+        full = embed_missing(store, CHAT, local_embedder)  # the memo holds the partial reads' digests too
+        assert (full.total, full.up_to_date) == (2, 3)
