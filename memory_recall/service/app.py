@@ -443,7 +443,7 @@ class _Service:
                 ids = touched(result) if touched is not None else None
                 outcome = await self.embed(chat_id, ids)
             elif mode == "background":
-                outcome = self.queue_embedding(chat_id)
+                outcome = self.queue_embedding(chat_id, touched(result) if touched is not None else None)
             else:
                 outcome = self.no_embedding()
         finally:
@@ -471,12 +471,12 @@ class _Service:
     def no_embedding(self) -> EmbeddingOutcome:
         return EmbeddingOutcome(status="disabled", model_id=self.embedder.model_id if self.embedder else "")
 
-    def queue_embedding(self, chat_id: str) -> EmbeddingOutcome:
-        """Ask the background worker to embed what the chat lacks; ``queued`` (``disabled`` without an
-        embedder)."""
+    def queue_embedding(self, chat_id: str, node_ids: Collection[str] | None = None) -> EmbeddingOutcome:
+        """Ask the background worker to embed what the chat lacks (``node_ids``: the nodes a write touched, when
+        known); ``queued`` (``disabled`` without an embedder)."""
         if self.embedder is None or self.worker is None:
             return self.no_embedding()
-        self.worker.request(chat_id)
+        self.worker.request(chat_id, node_ids)
         return EmbeddingOutcome(status="queued", model_id=self.embedder.model_id)
 
     async def embed(self, chat_id: str, node_ids: Collection[str] | None = None) -> EmbeddingOutcome:

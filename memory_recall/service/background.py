@@ -5,6 +5,7 @@ Usage (inside the running service; :mod:`memory_recall.service.app` wires it)::
     worker = EmbeddingWorker(lambda: store, embedder, batch_size=8, jobs=jobs)
     task = asyncio.create_task(worker.run())
     worker.request("chat-1")          # embed what the chat lacks, soon, in the background
+    worker.request("chat-1", ["n7"])  # … or only what a write touched (its rows alone are read)
     await worker.close()
 
 Contract
@@ -29,7 +30,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import anyio.to_thread
@@ -118,7 +119,8 @@ class EmbeddingWorker:
         self.embedder = embedder
         self.batch_size = batch_size
         self.jobs = jobs
-        self._pending: dict[str, None] = {}  # insertion-ordered set of chat ids
+        # Requested chats in request order → the node ids to embed (``None``: whatever the chat lacks).
+        self._pending: dict[str, set[str] | None] = {}
         self._wake = asyncio.Event()
         self._closing = False
         self._dropped: set[str] = set()
@@ -126,12 +128,20 @@ class EmbeddingWorker:
         self._retry_s: dict[str, float] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
-    def request(self, chat_id: str) -> None:
-        """Embed what ``chat_id`` lacks, after the chats requested before it."""
+    def request(self, chat_id: str, node_ids: Collection[str] | None = None) -> None:
+        """Embed what ``chat_id`` lacks, after the chats requested before it. ``node_ids``: only those nodes
+        need a vector (a write's nodes): the pass reads their rows only, not every node of the chat; requests
+        pile up into one pass (any request without ids makes it a whole-chat pass)."""
         if self.embedder is None or self._closing:
             return
         self._dropped.discard(chat_id)
-        self._pending[chat_id] = None
+        if node_ids is None:
+            self._pending[chat_id] = None
+        else:
+            wanted = self._pending[chat_id] if chat_id in self._pending else set()
+            if wanted is not None:
+                wanted.update(node_ids)
+            self._pending[chat_id] = wanted
         self._wake.set()
 
     def busy_with(self, chat_id: str) -> bool:
@@ -154,14 +164,14 @@ class EmbeddingWorker:
                 await self._wake.wait()
                 continue
             chat_id = next(iter(self._pending))
-            del self._pending[chat_id]
+            node_ids = self._pending.pop(chat_id)
             self._current = chat_id
             try:
-                await self._embed(chat_id)
+                await self._embed(chat_id, node_ids)
             finally:
                 self._current = None
 
-    async def _embed(self, chat_id: str) -> None:
+    async def _embed(self, chat_id: str, node_ids: set[str] | None = None) -> None:
         embedder = self.embedder
         assert embedder is not None
 
@@ -174,7 +184,7 @@ class EmbeddingWorker:
         try:
             report = await anyio.to_thread.run_sync(
                 lambda: embed_missing(self._store(), chat_id, embedder, batch_size=self.batch_size,
-                                      progress=progress, stop=stop)
+                                      progress=progress, stop=stop, node_ids=node_ids)
             )
         except EmbeddingUnavailable as exc:
             log.warning("background embedding of chat %r failed: %s", chat_id, exc.category)
