@@ -653,6 +653,7 @@ def _bench_turn(path: Path, out: dict[str, Any], plan: _Scene, settings: Any, co
     from memory_recall.model.chat import ChatMessage
     from memory_recall.providers.cache import embed_missing
     from memory_recall.providers.embedding import LOCAL_MODEL_ID, LocalEmbedder, local_engine_available
+    from memory_recall.service.background import EVENT_EMBED_DELAY_S
     from memory_recall.store import Store
 
     embedder: Any = LocalEmbedder() if local_engine_available() else _PassThroughEmbedder(LOCAL_MODEL_ID, {})
@@ -684,6 +685,7 @@ def _bench_turn(path: Path, out: dict[str, Any], plan: _Scene, settings: Any, co
 
                 def background(ids: Sequence[str] = wrote, into: list[float] = embed_ms) -> None:
                     b0 = time.perf_counter()
+                    time.sleep(EVENT_EMBED_DELAY_S)  # as the worker starts an event's pass
                     embed_missing(store, CHAT, embedder, node_ids=ids)
                     into.append((time.perf_counter() - b0) * 1000)
 

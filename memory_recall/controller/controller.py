@@ -33,6 +33,7 @@ host should send the chat again; nothing is created or changed).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ from memory_recall.pipeline.probabilistic import recall_seed
 from memory_recall.pipeline.result import RecallResult
 from memory_recall.pipeline.retrieve import retrieve
 from memory_recall.pipeline.state import Providers, RecallQuery
+from memory_recall.providers.embedding import EngineGate
 from memory_recall.settings import RecallSettings
 from memory_recall.store.snapshot import GraphSnapshot, SnapshotCache
 from memory_recall.store.sqlite import Store, validate_chat_id
@@ -161,7 +163,11 @@ class RecallController:
         )
         if decision.reuse and decision.record is not None and req.persist:
             return self._replay(req, resolved, decision.record, current_version, decision.why, now, start)
-        return self._fresh(req, resolved, settings, now, start, reuse_why=decision.why, previous=record)
+        # Passage embedding (a write's background vectors) holds back while the recall runs: none of those
+        # vectors could reach this recall's snapshot, and the engine would slow it (EngineGate.recalling).
+        gate = getattr(self.embedder, "gate", None)
+        with gate.recalling() if isinstance(gate, EngineGate) else contextlib.nullcontext():
+            return self._fresh(req, resolved, settings, now, start, reuse_why=decision.why, previous=record)
 
     def _settings_for(self, req: RecallRequest) -> RecallSettings:
         try:

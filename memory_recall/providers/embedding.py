@@ -108,6 +108,11 @@ PASSAGE_SLICE_TOKENS = LOCAL_WINDOW_TOKENS // 2
 #: Queries served while a passage slice waits before that slice goes anyway: a recall-heavy load cannot starve
 #: the embedding of new messages, and a query waits behind at most one slice.
 QUERY_STREAK = 8
+#: How long a passage slice holds back while a recall runs (:meth:`EngineGate.recalling`): the turn's recall
+#: comes right after the event that queued the passages, and its snapshot is taken before any of their vectors
+#: could land, so embedding them meanwhile only slows it (its query waits behind the slice, its pipeline shares
+#: the cores with the engine). Bounded, so vectors keep coming under a steady recall load.
+PASSAGE_RECALL_WAIT_S = 0.1
 
 
 class EngineGate:
@@ -119,12 +124,16 @@ class EngineGate:
     endpoint, which serves calls concurrently): queries never wait here; passage slices go one at a time and
     not while a query is in flight (a server serving requests in turn would make the query wait behind them),
     with the same ageing. Passage slices of every caller (every chat, the background worker, a CLI ingest) go in
-    arrival order. Thread-safe; :attr:`served` counts turns by kind (diagnostics and tests).
+    arrival order. While a recall runs (:meth:`recalling`), a passage slice also waits for it to end, at most
+    ``recall_wait_s`` from its arrival. Thread-safe; :attr:`served` counts turns by kind (diagnostics and tests).
     """
 
-    def __init__(self, *, exclusive: bool, query_streak: int = QUERY_STREAK) -> None:
+    def __init__(self, *, exclusive: bool, query_streak: int = QUERY_STREAK,
+                 recall_wait_s: float = PASSAGE_RECALL_WAIT_S) -> None:
         self.exclusive = exclusive
         self.query_streak = query_streak
+        self.recall_wait_s = recall_wait_s
+        self._recalls = 0
         self._cond = threading.Condition()
         self._queries_running = 0
         self._passage_running = False
@@ -140,10 +149,25 @@ class EngineGate:
             return True
         return not self._passage_running and not self._queries_running
 
-    def _passage_may_start(self, ticket: object) -> bool:
+    def _passage_may_start(self, ticket: object, held: bool) -> bool:
         if self._passages[0] is not ticket or self._passage_running or self._queries_running:
             return False
+        if held and self._streak < self.query_streak:
+            return False  # a recall runs and the slice has not waited its bound yet
         return not self._queries_waiting or self._streak >= self.query_streak
+
+    @contextlib.contextmanager
+    def recalling(self) -> Iterator[None]:
+        """Mark a recall as running for the body: passage slices hold back meanwhile (see the class docstring);
+        queries are not affected."""
+        with self._cond:
+            self._recalls += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._recalls -= 1
+                self._cond.notify_all()
 
     @contextlib.contextmanager
     def turn(self, is_query: bool) -> Iterator[None]:
@@ -163,9 +187,14 @@ class EngineGate:
             else:
                 ticket = object()
                 self._passages.append(ticket)
+                until = time.monotonic() + self.recall_wait_s
                 try:
-                    while not self._passage_may_start(ticket):
-                        self._cond.wait()
+                    while True:
+                        left = until - time.monotonic()
+                        held = self._recalls > 0 and left > 0
+                        if self._passage_may_start(ticket, held):
+                            break
+                        self._cond.wait(left if held else None)
                 finally:
                     self._passages.remove(ticket)
                     self._cond.notify_all()  # the next slice may be first now

@@ -43,6 +43,10 @@ __all__ = ["EmbeddingWorker", "SyncJobs"]
 
 log = logging.getLogger("memory_recall.service")
 
+#: An event's pass starts this long after its request: the host asks for the turn's recall right after the event,
+#: and a passage slice already running when the recall comes would make its query wait (a slice that comes
+#: during a recall holds back by itself: EngineGate.recalling). More events of the chat meanwhile join the pass.
+EVENT_EMBED_DELAY_S = 0.05
 _RETRY_FIRST_S = 5.0
 _RETRY_MAX_S = 300.0
 
@@ -164,6 +168,10 @@ class EmbeddingWorker:
                 await self._wake.wait()
                 continue
             chat_id = next(iter(self._pending))
+            if self._pending[chat_id] is not None:  # an event's pass (see EVENT_EMBED_DELAY_S)
+                await asyncio.sleep(EVENT_EMBED_DELAY_S)
+                if chat_id not in self._pending:  # dropped meanwhile
+                    continue
             node_ids = self._pending.pop(chat_id)
             self._current = chat_id
             try:

@@ -109,6 +109,40 @@ class TestExclusiveGate:
     def test_the_default_streak(self) -> None:
         assert EngineGate(exclusive=True).query_streak == QUERY_STREAK >= 1
 
+    def test_a_passage_slice_holds_back_while_a_recall_runs(self) -> None:
+        """A slice that arrives during a recall starts when the recall ends; the recall's query goes at once."""
+        gate = EngineGate(exclusive=True, recall_wait_s=30)
+        engine = _Engine(gate)
+        with gate.recalling():
+            slice_ = _spawn(lambda: engine.call("p", False))
+            _wait_waiting(gate, 0, 1)
+            engine.call("q", True)
+            time.sleep(0.05)
+            assert engine.log == ["start q", "end q"]  # the engine is free, yet the slice waits
+        slice_.join(timeout=30)
+        assert engine.log == ["start q", "end q", "start p", "end p"]
+
+    def test_the_hold_is_bounded(self) -> None:
+        """Under recalls that never end the slice goes after ``recall_wait_s`` (vectors keep coming), and once
+        :data:`QUERY_STREAK` queries went ahead of it, whatever the bound."""
+        gate = EngineGate(exclusive=True, recall_wait_s=0.2)
+        engine = _Engine(gate)
+        with gate.recalling():
+            t0 = time.monotonic()
+            engine.call("p1", False)
+            waited = time.monotonic() - t0
+            assert 0.2 <= waited < 5, waited
+            long = EngineGate(exclusive=True, recall_wait_s=60, query_streak=2)
+            other = _Engine(long)
+            with long.recalling():
+                slice_ = _spawn(lambda: other.call("p2", False))
+                _wait_waiting(long, 0, 1)
+                other.call("q1", True)
+                other.call("q2", True)
+                slice_.join(timeout=30)
+            assert other.log == ["start q1", "end q1", "start q2", "end q2", "start p2", "end p2"]
+        assert engine.log == ["start p1", "end p1"]
+
 
 class TestSharedGate:
     def test_queries_do_not_wait_for_a_running_passage_request(self) -> None:
