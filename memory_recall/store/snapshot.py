@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -349,7 +349,24 @@ def decompress_text(blob: bytes) -> str:
     return data.decode("utf-8")
 
 
-class PackedTexts(Sequence[str]):
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class _ValueSequence(Sequence[_T_co]):
+    """A compact immutable sequence that compares equal to any sequence of the same items, as a tuple of them
+    would (and so is unhashable, like a list: equal to a tuple but not hashed like one)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class PackedTexts(_ValueSequence[str]):
     """Many texts (the node JSON of a snapshot) held as :func:`compress_text` blobs: a 100k-node chat's ~90 MB of
     JSON in ~24 MB. Item access decompresses one text (~10 µs), which suits the snapshot: only candidates are ever
     parsed, once each. Immutable; :meth:`replaced` returns a copy with some texts replaced (sharing the blobs).
@@ -381,19 +398,12 @@ class PackedTexts(Sequence[str]):
     def __iter__(self) -> Iterator[str]:
         return map(self._text, range(len(self._blobs)))
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]
-
     def replaced(self, updates: Mapping[int, str]) -> PackedTexts:
         """A copy with the texts at the positions of ``updates`` replaced."""
         return PackedTexts(self._blobs, {**self._overrides, **updates})
 
 
-class JoinedStrings(Sequence[str]):
+class JoinedStrings(_ValueSequence[str]):
     """Many short strings (a snapshot's edge ids) held as one str and their offsets: ~10 bytes each instead of
     ~60 for separate str objects. Immutable; equal to any sequence of the same strings. :meth:`take` shares the
     text (it only selects offsets), so a selection costs no string work."""
@@ -455,13 +465,6 @@ class JoinedStrings(Sequence[str]):
         text = self._text
         return map(text.__getitem__, map(slice, self._start_offsets().tolist(), self._ends.tolist()))
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]
-
     def extended(self, items: Sequence[str]) -> JoinedStrings:
         """These strings followed by ``items`` (one copy of the text; no str object per string held)."""
         if not items:
@@ -483,7 +486,7 @@ class JoinedStrings(Sequence[str]):
         return JoinedStrings(self._text, self._ends[at], self._start_offsets()[at])
 
 
-class SharedPrefix(Sequence[Any]):
+class SharedPrefix(_ValueSequence[Any]):
     """The first ``n`` items of a list shared along a chain of appending deltas: a snapshot's string columns and
     ids, as a tuple would hold them. :meth:`appended` extends the list in place when this is its longest view
     (older views keep their length and never see the new items), so an append costs O(len(tail)) instead of a
@@ -514,13 +517,6 @@ class SharedPrefix(Sequence[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         return itertools.islice(self._items, self._n)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]
 
     def appended(self, tail: Iterable[Any]) -> SharedPrefix:
         """These items followed by ``tail``: written into the shared list when this is its longest view, else a
