@@ -66,7 +66,7 @@ from memory_recall.model.graph import first_validation_error
 from memory_recall.model.records import PersistedRecall, estimate_tokens
 from memory_recall.pipeline.probabilistic import recall_seed
 from memory_recall.pipeline.result import RecallResult
-from memory_recall.pipeline.retrieve import retrieve
+from memory_recall.pipeline.retrieve import prepare_snapshot, retrieve
 from memory_recall.pipeline.state import Providers, RecallQuery
 from memory_recall.providers.embedding import EngineGate
 from memory_recall.settings import RecallSettings
@@ -468,10 +468,28 @@ class RecallController:
         if not self._known(chat_id, floor):
             raise NotFound(field, f"chat {chat_id!r} has no message at floor {floor}")
 
+    def refresh(self, chat_id: str, *, now_ms: int | None = None) -> list[str]:
+        """Bring what the next recall of ``chat_id`` reads up to date right after a write: the cached snapshots by
+        the store's delta (:meth:`SnapshotCache.refresh`), the per-structure values of the pipeline derived from
+        the previous structure's (:func:`~memory_recall.pipeline.retrieve.prepare_snapshot`) and the cached BM25
+        indexes (:meth:`Store.refresh_bm25`) — the work the first recall after the write would do, in time
+        proportional to what changed; nothing is built from scratch. Every chat event calls it. Returns the
+        names of what was updated (figures, tests)."""
+        now = now_ms if now_ms is not None else self.clock()
+        done: list[str] = []
+        for snapshot in self.snapshot_cache.refresh(self.store, chat_id, now_ms=now):
+            done.append("snapshot")
+            done.extend(str(key) for key in prepare_snapshot(snapshot))
+        refresh_bm25 = getattr(self.store, "refresh_bm25", None)
+        if refresh_bm25 is not None:
+            done.extend(f"bm25:{stem}" for stem in refresh_bm25(chat_id))
+        return done
+
     def on_message_added(self, chat_id: str, message: ChatMessage, *, now_ms: int | None = None) -> ChatEventReport:
-        """A new message: ingest it."""
+        """A new message: ingest it (then :meth:`refresh`)."""
         now = now_ms if now_ms is not None else self.clock()
         report = ingest_messages(self.store, chat_id, [message], now_ms=now)
+        self.refresh(chat_id, now_ms=now)
         return ChatEventReport(chat_id, message.floor, report, False)
 
     def on_message_edited(self, chat_id: str, message: ChatMessage, *, now_ms: int | None = None) -> ChatEventReport:
@@ -481,6 +499,7 @@ class RecallController:
         self._require_message(chat_id, message.floor, "message.floor")
         report = edit_message(self.store, chat_id, message, now_ms=now)
         deleted = self.delete_record(chat_id, message.floor)
+        self.refresh(chat_id, now_ms=now)
         return ChatEventReport(chat_id, message.floor, report, deleted)
 
     def on_message_deleted(self, chat_id: str, floor: int, *, now_ms: int | None = None) -> ChatEventReport:
@@ -490,6 +509,7 @@ class RecallController:
         self._require_message(chat_id, floor, "floor")
         report = delete_message(self.store, chat_id, floor, now_ms=now)
         deleted = self.delete_record(chat_id, floor)
+        self.refresh(chat_id, now_ms=now)
         return ChatEventReport(chat_id, floor, report, deleted)
 
     def on_message_removed(self, chat_id: str, floor: int, *, now_ms: int | None = None) -> ChatEventReport:
@@ -502,6 +522,7 @@ class RecallController:
         self._require_message(chat_id, floor, "floor")
         had_record = self.store.get_record(chat_id, floor) is not None
         report = remove_message(self.store, chat_id, floor, now_ms=now)
+        self.refresh(chat_id, now_ms=now)
         return ChatEventReport(chat_id, floor, report, had_record)
 
     def on_message_swiped(self, chat_id: str, message: ChatMessage, *, now_ms: int | None = None) -> ChatEventReport:
@@ -513,6 +534,7 @@ class RecallController:
             if message.role != "assistant":
                 raise InputError("message.role", f"a swipe replaces an assistant message; got {message.role!r}")
             report = ingest_messages(self.store, chat_id, [message], now_ms=now)
+        self.refresh(chat_id, now_ms=now)
         return ChatEventReport(chat_id, message.floor, report, False)
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "hidden_mask",
     "lookup",
     "mask_digest",
+    "prepare",
     "unique_in_order",
 ]
 
@@ -61,6 +62,19 @@ MAX_ENTRIES_PER_SNAPSHOT = 16
 _CACHE: weakref.WeakKeyDictionary[Any, OrderedDict[Hashable, Any]] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
+#: Per structure: how each of its values that has an update path is obtained for a snapshot (the accessor that
+#: called :func:`cached` with ``recipe``), replayed on a child structure by :func:`prepare`.
+_RECIPES: weakref.WeakKeyDictionary[Any, dict[Hashable, Callable[[GraphSnapshot], object]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+#: Set while :func:`prepare` runs in this thread: :func:`cached` then only derives values, never builds them.
+_PREPARING = threading.local()
+
+
+class _NotDerivable(Exception):
+    """Raised inside :func:`prepare` by a :func:`cached` call whose value would have to be built."""
+
 #: Types that can never be co-occurrence anchors or partners (reference §3.10 "co-occurrence-eligible").
 COOCCURRENCE_EXCLUDED_TYPES = frozenset({"event", "synopsis", "reflection"})
 
@@ -68,6 +82,7 @@ COOCCURRENCE_EXCLUDED_TYPES = frozenset({"event", "synopsis", "reflection"})
 def cached(
     snapshot: GraphSnapshot, key: Hashable, build: Callable[[], T],
     update: Callable[[Any, StructureChange], T | None] | None = None,
+    *, recipe: Callable[[GraphSnapshot], object] | None = None,
 ) -> tuple[T, bool]:
     """``(value, was_cached)``: the value derived from the structure of ``snapshot`` under ``key``, built once
     by ``build`` and shared by every snapshot of that structure (``build`` must not read the statistics
@@ -77,9 +92,20 @@ def cached(
     parent (still alive) holds a value under ``key``, the new value is derived from it in time proportional to
     what changed instead of built (``None``: build it). It must give what ``build`` would.
 
+    ``recipe(snapshot)``: the accessor that called this (it returns the value for any snapshot). Remembered with
+    the structure, so that :func:`prepare` can derive the value for a child structure right after a write,
+    before any recall asks for it.
+
     Thread-safe; two threads racing on a cold key may both build, the first stored value wins.
     """
     structure = snapshot.structure
+    preparing = getattr(_PREPARING, "on", False)
+    if recipe is not None:
+        with _LOCK:
+            recipes = _RECIPES.get(structure)
+            if recipes is None:
+                recipes = _RECIPES[structure] = {}
+            recipes[key] = recipe
     if update is not None and structure.change is not None:
         parent = structure.parent
         if parent is not None:
@@ -93,16 +119,55 @@ def cached(
 
                 def derived() -> T:
                     value = update(previous, change)
+                    if value is None and preparing:
+                        raise _NotDerivable(key)
                     return build() if value is None else value
 
                 return _cached(structure, key, derived)
-    return _cached(structure, key, build)
+    return _cached(structure, key, _not_built(key) if preparing else build)
 
 
 def cached_stats(snapshot: GraphSnapshot, key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
     """:func:`cached` for values that read the statistics overlay too: kept per snapshot object (structure and
     overlay), so a reinforcement write (a new overlay) builds them again."""
-    return _cached(snapshot, key, build)
+    return _cached(snapshot, key, _not_built(key) if getattr(_PREPARING, "on", False) else build)
+
+
+def _not_built(key: Hashable) -> Callable[[], Any]:
+    def refuse() -> Any:
+        raise _NotDerivable(key)
+
+    return refuse
+
+
+def prepare(snapshot: GraphSnapshot) -> list[Hashable]:
+    """Derive, for a snapshot whose structure a delta updated from a parent, every value the parent structure
+    holds through a :func:`cached` call with a ``recipe``, from the parent's value (the update paths): what the
+    first recall on the snapshot would otherwise do. Never builds a value: one whose update path declines (or
+    that needs another value not derivable) is left for the recall to build. Returns the keys derived, in order.
+
+    Called right after a write (:meth:`~memory_recall.controller.RecallController.refresh`): the live snapshot and
+    its derived structures are brought up to date with the write, in time proportional to what changed, and the
+    recall after it finds them ready. Equal values to what the recall would derive (the same calls)."""
+    structure = snapshot.structure
+    parent = structure.parent
+    if parent is None or structure.change is None:
+        return []
+    with _LOCK:
+        recipes = list((_RECIPES.get(parent) or {}).items())
+    done: list[Hashable] = []
+    outer = getattr(_PREPARING, "on", False)
+    _PREPARING.on = True
+    try:
+        for key, recipe in recipes:
+            try:
+                recipe(snapshot)
+            except _NotDerivable:
+                continue
+            done.append(key)
+    finally:
+        _PREPARING.on = outer
+    return done
 
 
 def _cached(owner: Any, key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:

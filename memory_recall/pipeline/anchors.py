@@ -113,7 +113,7 @@ def _folded_anchors(snapshot: GraphSnapshot) -> _FoldedAnchors:
             prefixes[k] = tuple(sorted(v, reverse=True))
         return _FoldedAnchors(index=index, lengths_by_prefix=prefixes, single=frozenset(single))
 
-    value, _ = cached(snapshot, ("anchors", "folded-index"), build, update)
+    value, _ = cached(snapshot, ("anchors", "folded-index"), build, update, recipe=_folded_anchors)
     return value
 
 

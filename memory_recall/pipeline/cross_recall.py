@@ -114,7 +114,8 @@ def _cooccurrence_eligible_mask(snapshot: GraphSnapshot) -> np.ndarray:
     def update(previous: np.ndarray, change: StructureChange) -> np.ndarray | None:
         return _updated_eligible(snapshot, previous, change)
 
-    return cached(snapshot, "cross-recall-cooccurrence-eligible", build, update)[0]
+    return cached(snapshot, "cross-recall-cooccurrence-eligible", build, update,
+                  recipe=_cooccurrence_eligible_mask)[0]
 
 
 def _updated_eligible(snapshot: GraphSnapshot, previous: np.ndarray, change: StructureChange) -> np.ndarray | None:

@@ -116,7 +116,7 @@ def _snapshot_keys(snapshot: GraphSnapshot) -> _SnapshotKeys:
     def update(old: _SnapshotKeys, change: StructureChange) -> _SnapshotKeys:
         return _updated_keys(snapshot, old, change)
 
-    value, _ = cached(snapshot, ("dedup-keys",), lambda: _SnapshotKeys(snapshot.n), update)
+    value, _ = cached(snapshot, ("dedup-keys",), lambda: _SnapshotKeys(snapshot.n), update, recipe=_snapshot_keys)
     return value
 
 

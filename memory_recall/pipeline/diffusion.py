@@ -29,13 +29,13 @@ Skip reasons
     untouched, as the reference lists no reason for it), ``no-seeds`` (no usable seed).
 Invariants
     The adjacency is built once per (snapshot, temporal-link strength) and cached on the snapshot
-    (:func:`diffusion_adjacency`); a visibility mask is applied by zeroing the rows and columns of
-    hidden nodes (cached per mask digest), so no hidden node receives energy or relays it. The last
+    (:func:`diffusion_adjacency`); a visibility mask is applied by the propagation kernel, exactly as if the
+    rows and columns of hidden nodes were zeroed, so no hidden node receives energy or relays it. The last
     ranking computed on an adjacency is kept with it (:func:`diffuse`): the cross-recall stage's
-    re-diffusion with unchanged seeds reuses it. After an appended-only delta (a new message) the base and the
-    masked adjacency are derived from the parent structure's instead of built: only the rows the delta changed
-    are computed (as the build computes them) and spliced into the parent's matrices, equal to a build array by
-    array (:func:`_updated_adjacency`, :func:`_derived_masked`). No Python loop over nodes.
+    re-diffusion with unchanged seeds reuses it. After an appended-only delta (a new message) the adjacency is
+    derived from the parent structure's instead of built: only the rows the delta changed are computed (as the
+    build computes them) and spliced into the parent's matrices, equal to a build array by array
+    (:func:`_updated_adjacency`). No Python loop over nodes.
 Departures (recall-spec)
     * 2 — hidden nodes never receive energy and never appear in the result (reference §7 item 2: diffusion
       re-introduced them; scenario 38).
@@ -46,6 +46,7 @@ Departures (recall-spec)
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -53,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import scipy.sparse as sp
 
-from memory_recall.pipeline._graph_cache import cached, hidden_mask, mask_digest
+from memory_recall.pipeline._graph_cache import cached, hidden_mask
 from memory_recall.pipeline.kernels.diffusion import Adjacency, propagate, rank
 from memory_recall.pipeline.kind_weights import MESSAGE_TYPE_CODE
 from memory_recall.pipeline.state import QueryPlan, RecallState, StageResult, StageTrace, timed
@@ -229,7 +230,7 @@ _PAIR_LOW = (1 << _PAIR_SHIFT) - 1
 _MAX_UPDATE_N = 1 << 31
 
 #: ``Adjacency.derived`` keys of this module: what an update needs of the snapshot the adjacency was derived from
-#: (:class:`_Provenance`), and the parent adjacency plus the rows an update replaced (:func:`_derived_masked`).
+#: (:class:`_Provenance`), and the parent adjacency plus the rows an update replaced.
 _PROVENANCE = "diffusion-provenance"
 _UPDATED_FROM = "diffusion-updated-from"
 
@@ -544,105 +545,23 @@ def _updated_adjacency(
         return None
     adj = Adjacency(normal=normal, inhibit=inhibit, synthetic_edge_count=int(keys.size))
     adj.derived[_PROVENANCE] = _Provenance(n, int(snapshot.edge_src.size), keys, counted, factors)
-    # The masked variant of this recall is derived from the parent's the same way (:func:`_derived_masked`); a weak
-    # reference: the parent lives as long as its structure holds it, no chain of old adjacencies is kept.
+    # Which rows the update replaced (figures, tests); a weak reference: no chain of old adjacencies is kept.
     adj.derived[_UPDATED_FROM] = (weakref.ref(parent), changed_normal, changed_inhibit)
     return adj
 
 
-def _masked_rows(mat: sp.csr_array, rows: np.ndarray | None, keep: np.ndarray) -> sp.csr_array:
-    """``D·mat·D`` with ``D = diag(keep)`` on the ``rows`` of ``mat`` (all rows when ``None``): entries whose row or
-    column is dropped become structural zeros (as do stored zeros). Row by row, so a subset of rows gives the rows
-    of the full result. O(nnz of those rows)."""
-    sub = mat if rows is None else _rows_of(mat, rows)
-    k = sub.shape[0]
-    row_keep = keep if rows is None else keep[rows]
-    local = np.repeat(np.arange(k, dtype=np.int64), np.diff(sub.indptr))
-    data = sub.data * (row_keep[local] & keep[sub.indices])
-    out = sp.csr_array((data, sub.indices.copy(), sub.indptr.copy()), shape=sub.shape)
-    out.eliminate_zeros()
-    return out
-
-
-def _mask_csr(mat: sp.csr_array, keep: np.ndarray) -> sp.csr_array:
-    """``D·mat·D`` with ``D = diag(keep)``: entries whose row or column is dropped become structural zeros.
-    O(n + nnz), no copy of the structure beyond one array each."""
-    return _masked_rows(mat, None, keep)
-
-
-def _masked(base: Adjacency, hidden: np.ndarray) -> Adjacency:
-    """``base`` with the rows and columns of ``hidden`` nodes zeroed: derived from the masked variant of the
-    adjacency ``base`` was updated from when it can be (:func:`_derived_masked`), else built."""
-    keep = ~hidden
-    derived = _derived_masked(base, hidden, keep)
-    if derived is not None:
-        return derived
-    return Adjacency(_mask_csr(base.normal, keep), _mask_csr(base.inhibit, keep), base.synthetic_edge_count)
-
-
-def _derived_masked(base: Adjacency, hidden: np.ndarray, keep: np.ndarray) -> Adjacency | None:
-    """The masked variant of ``base`` from the last masked variant of the adjacency it was updated from
-    (:func:`_updated_adjacency`), when that one is still alive: a masked row changes only when its base row
-    changed, its node's mask flag changed, or the flag of a node it links to changed; those rows are masked
-    again (:func:`_masked_rows`) and spliced in. ``None`` when there is no such parent or too much changed."""
-    origin = base.derived.get(_UPDATED_FROM)
-    if origin is None:
-        return None
-    ref, changed_normal, changed_inhibit = origin
-    parent = ref()
-    if parent is None:
-        return None
-    last = parent.derived.get("last-masked")
-    if last is None:
-        # The parent recalls had no hidden node: its masked variant with no node hidden is itself, as long as it
-        # holds no stored zero (masking drops those; the temporal links or hub damping already did).
-        if not (bool(np.all(parent.normal.data != 0)) and bool(np.all(parent.inhibit.data != 0))):
-            return None
-        last = (np.zeros(parent.n, dtype=bool), parent)
-    old_hidden, old_masked = last
-    n, n_old = base.n, parent.n
-    if old_hidden.shape != (n_old,) or old_masked.n != n_old or n < n_old:
-        return None
-    flipped = _union(np.flatnonzero(old_hidden != hidden[:n_old]), np.arange(n_old, n))
-    rows_normal = _union(changed_normal, flipped, _neighbours(base.normal, flipped))
-    rows_inhibit = _union(changed_inhibit, flipped, _neighbours(base.inhibit, flipped))
-    if _too_many(rows_normal.size + rows_inhibit.size, n):
-        return None
-    normal = _spliced(old_masked.normal, rows_normal, _masked_rows(base.normal, rows_normal, keep), n)
-    inhibit = _spliced(old_masked.inhibit, rows_inhibit, _masked_rows(base.inhibit, rows_inhibit, keep), n)
-    if normal is None or inhibit is None:
-        return None
-    return Adjacency(normal, inhibit, base.synthetic_edge_count)
-
-
-def diffusion_adjacency(
-    snapshot: GraphSnapshot, settings: DiffusionSettings, hidden: np.ndarray | None = None
-) -> tuple[Adjacency, bool]:
-    """``(adjacency, was_cached)`` for ``snapshot`` under the temporal-link settings, with the rows/columns of
-    ``hidden`` nodes zeroed when a mask is given. Built once per snapshot (and once per distinct mask), then
-    served from the per-snapshot cache (recall-spec departure 11). After an appended-only delta both are derived
-    from the parent structure's values (:func:`_updated_adjacency`, :func:`_derived_masked`), equal to a build."""
+def diffusion_adjacency(snapshot: GraphSnapshot, settings: DiffusionSettings) -> tuple[Adjacency, bool]:
+    """``(adjacency, was_cached)`` for ``snapshot`` under the temporal-link settings. Built once per snapshot
+    structure, then served from the per-structure cache (recall-spec departure 11); after an appended-only delta it
+    is derived from the parent structure's (:func:`_updated_adjacency`), equal to a build. A visibility mask is not
+    part of it: :func:`diffuse` hands the mask to the kernel (one adjacency serves every mask)."""
     strength = _temporal_strength(settings)
     hub = (int(settings.hub_degree_threshold), float(settings.hub_exponent), str(settings.hub_degree_counts))
-    base, hit = cached(
+    return cached(
         snapshot, ("diffusion-adjacency", strength, *hub), lambda: _build_adjacency(snapshot, strength, *hub),
         lambda parent, change: _updated_adjacency(parent, change, snapshot, strength, *hub),
+        recipe=functools.partial(diffusion_adjacency, settings=settings),
     )
-    if hidden is None or not hidden.any():
-        return base, hit
-    hidden = np.asarray(hidden, dtype=bool)
-    # Both diffusions of a recall use the same mask: the last masked variant is remembered on the base (with a
-    # copy of its mask, compared in O(n / 8)-ish time instead of hashing the mask again).
-    last = base.derived.get("last-masked")
-    if last is not None and np.array_equal(last[0], hidden):
-        return last[1], True
-    masked, hit = cached(
-        snapshot,
-        ("diffusion-adjacency-masked", strength, *hub, mask_digest(hidden)),
-        lambda: _masked(base, hidden),
-    )
-    base.derived["last-masked"] = (hidden.copy(), masked)
-    return masked, hit
 
 
 def diffuse(
@@ -655,14 +574,17 @@ def diffuse(
     propagation settings; the last one computed on an adjacency is kept with it, so a cross-recall
     re-diffusion whose seeds equal the first pass's (no event or residual seed added) costs a comparison.
     The returned arrays may thus be shared between calls: never modify them."""
-    adj, was_cached = diffusion_adjacency(snapshot, settings, hidden)
+    adj, was_cached = diffusion_adjacency(snapshot, settings)
+    if hidden is not None and not hidden.any():
+        hidden = None
     params = (
         settings.max_steps, settings.decay, settings.top_k, settings.min_energy, settings.teleport_alpha,
         settings.inhibit_multiplier,
     )
     seed_idx = np.asarray(seeds.index)
     seed_energy = np.asarray(seeds.energy)
-    key = (params, seed_idx.dtype.str, seed_idx.tobytes(), seed_energy.dtype.str, seed_energy.tobytes())
+    mask = b"" if hidden is None else np.packbits(np.asarray(hidden, dtype=bool)).tobytes()
+    key = (params, seed_idx.dtype.str, seed_idx.tobytes(), seed_energy.dtype.str, seed_energy.tobytes(), mask)
     last = adj.derived.get("last-diffusion")
     if last is not None and last[0] == key:
         return DiffusionOutcome(last[1], last[2], adj.synthetic_edge_count, was_cached)
@@ -677,6 +599,7 @@ def diffuse(
         clamp=ENERGY_CLAMP,
         teleport_alpha=settings.teleport_alpha,
         inhibit_multiplier=settings.inhibit_multiplier,
+        hidden=hidden,
     )
     r_idx, r_energy = rank(idx, energy, snapshot.id_rank)
     keep = ~snapshot.archived[r_idx]

@@ -279,7 +279,7 @@ _SCENES_LOCK = threading.Lock()
 def _memo(snapshot: GraphSnapshot) -> _SnapshotMemo:
     return cached(
         snapshot, ("owners", "snapshot"), lambda: _SnapshotMemo(snapshot),
-        lambda old, change: _updated_memo(snapshot, old, change),
+        lambda old, change: _updated_memo(snapshot, old, change), recipe=_memo,
     )[0]
 
 

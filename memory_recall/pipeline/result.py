@@ -348,7 +348,7 @@ class _Kept:
 
 
 def _kept(snap: GraphSnapshot) -> _Kept:
-    return cached(snap, ("result-kept",), _Kept, _updated_kept)[0]
+    return cached(snap, ("result-kept",), _Kept, _updated_kept, recipe=_kept)[0]
 
 
 def _kept_rows(change: StructureChange) -> bool:
@@ -409,7 +409,7 @@ def _dump_table(snap: GraphSnapshot) -> dict[int, _DumpEntry]:
     structure whose overlay holds the same statistics for the node, and the entries of the rows a delta left
     unchanged serve the child structure (:func:`_updated_dumps`): the first recall after a write dumps only the
     new and changed nodes it lists."""
-    return cached(snap, ("result-node-dumps", "structure"), _no_dumps, _updated_dumps)[0]
+    return cached(snap, ("result-node-dumps", "structure"), _no_dumps, _updated_dumps, recipe=_dump_table)[0]
 
 
 def _no_dumps() -> dict[int, _DumpEntry]:
@@ -534,8 +534,7 @@ def _core_order(snap: GraphSnapshot) -> tuple[np.ndarray, np.ndarray]:
     holds for its first snapshot (itself derived from the parent structure's after a delta), not sorted anew."""
 
     def build() -> tuple[np.ndarray, np.ndarray]:
-        base = cached(snap, ("result-core-order", "structure"), lambda: _sorted_core_order(snap),
-                      lambda old, change: _derived_core_order(snap, old, change))[0]
+        base = _structure_core_order(snap)
         if base.importance is snap.importance:
             return base.order, base.synopsis
         derived = _derived_core_order(snap, base, None)  # another overlay of the structure (reinforcement)
@@ -543,6 +542,12 @@ def _core_order(snap: GraphSnapshot) -> tuple[np.ndarray, np.ndarray]:
         return value.order, value.synopsis
 
     return cached_stats(snap, ("result-core-order",), build)[0]
+
+
+def _structure_core_order(snap: GraphSnapshot) -> _CoreOrder:
+    """The core order the structure of ``snap`` holds (for its first snapshot's overlay)."""
+    return cached(snap, ("result-core-order", "structure"), lambda: _sorted_core_order(snap),
+                  lambda old, change: _derived_core_order(snap, old, change), recipe=_structure_core_order)[0]
 
 
 def _sorted_core_order(snap: GraphSnapshot) -> _CoreOrder:

@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from memory_recall.errors import EmbeddingUnavailable, InputError, LLMUnavailable, StrictModeViolation
+from memory_recall.pipeline._graph_cache import prepare
 from memory_recall.pipeline.anchors import AnchorStage
 from memory_recall.pipeline.context import ContextStage
 from memory_recall.pipeline.cooccurrence import CooccurrenceStage
@@ -86,6 +87,7 @@ __all__ = [
     "Stage",
     "build_stages",
     "json_dumps",
+    "prepare_snapshot",
     "retrieve",
     "run_pipeline",
 ]
@@ -283,3 +285,10 @@ def retrieve(
     """
     run = run_pipeline(snapshot, query, settings, providers, ablate=ablate)
     return build_result(run.state, run.settings, timings=run.timings)
+
+
+def prepare_snapshot(snapshot: GraphSnapshot) -> list[Hashable]:
+    """After a write: derive the stages' per-structure values for ``snapshot`` from those of the structure it was
+    updated from (:func:`memory_recall.pipeline._graph_cache.prepare`), so the recall after the write does not.
+    Never builds a value; returns the cache keys derived."""
+    return prepare(snapshot)

@@ -90,7 +90,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.model.graph import PRIMARY_LEXICAL_FIELDS, SECONDARY_LEXICAL_FIELDS, Node
-from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask, mask_digest
+from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask
 from memory_recall.pipeline.kernels.lexical import PackedFieldTable, PreparedNode, prepare_node, prepare_sources
 from memory_recall.pipeline.kind_weights import (
     MESSAGE_TYPE_CODE,
@@ -502,7 +502,7 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
             },
         )
 
-    value, _ = cached(snapshot, ("scoring-arrays",), build, update)
+    value, _ = cached(snapshot, ("scoring-arrays",), build, update, recipe=_snapshot_arrays)
     return value
 
 
@@ -594,7 +594,8 @@ def _field_table(snapshot: GraphSnapshot) -> PackedFieldTable:
             return None
 
     table, _ = cached(
-        snapshot, ("lexical-fields",), lambda: PackedFieldTable(snapshot.n, MAX_PREPARED_NODES), update
+        snapshot, ("lexical-fields",), lambda: PackedFieldTable(snapshot.n, MAX_PREPARED_NODES), update,
+        recipe=_field_table,
     )
     return table
 
@@ -1133,6 +1134,86 @@ def rescue_sample(embeddings: np.ndarray, eligible: np.ndarray) -> tuple[np.ndar
     return np.ascontiguousarray(embeddings[at], dtype=np.float32), int(at.size)
 
 
+#: Rescue samples kept per snapshot structure (one per recent eligible mask, least recently used dropped).
+MAX_RESCUE_SAMPLES = 4
+
+
+@dataclass(frozen=True, eq=False)
+class _RescueSample:
+    """One :func:`rescue_sample`: ``rows`` and ``count`` as it returns them, ``at`` the node positions of the rows
+    (ascending) and ``source`` the embedding matrix they were gathered from."""
+
+    at: np.ndarray
+    rows: np.ndarray
+    count: int
+    source: np.ndarray
+
+
+class _RescueSamples:
+    """Per snapshot structure: the last few rescue samples (most recent last). A structure updated by a delta
+    starts from its parent's samples (:meth:`carried`), so the first recall after a write gathers only the rows of
+    nodes those samples do not hold."""
+
+    def __init__(self, entries: Sequence[_RescueSample] = ()) -> None:
+        self.entries: list[_RescueSample] = list(entries)
+        self.lock = threading.Lock()
+
+    def carried(self, change: StructureChange) -> _RescueSamples | None:
+        """The parent's samples, for a child after an appended-only delta (kept nodes keep their positions); each
+        is used only where its source rows are the child's own (:func:`_same_rows`)."""
+        if not change.appended_only:
+            return None
+        with self.lock:
+            return _RescueSamples(self.entries)
+
+
+def _same_rows(old: np.ndarray, new: np.ndarray) -> bool:
+    """Whether the rows of ``old`` are the first rows of ``new`` in the same memory. A delta that writes an old
+    row's vector copies the matrix (:func:`~memory_recall.store.snapshot.apply_delta`), so the same memory means
+    the same old rows."""
+    return (old.ndim == new.ndim == 2 and old.shape[0] <= new.shape[0] and old.shape[1:] == new.shape[1:]
+            and old.strides == new.strides and old.dtype == new.dtype
+            and (old.size == 0 or old.ctypes.data == new.ctypes.data))
+
+
+def _rescue_samples(snap: GraphSnapshot) -> _RescueSamples:
+    return cached(snap, ("rescue-samples",), _RescueSamples, lambda old, change: old.carried(change),
+                  recipe=_rescue_samples)[0]
+
+
+def _rescue_sample(snap: GraphSnapshot, eligible: np.ndarray) -> tuple[np.ndarray, int]:
+    """:func:`rescue_sample` of ``snap.embeddings`` over ``eligible``, equal to it bit for bit: served from the
+    structure's kept samples when one has the same rows (same nodes, same vector memory); otherwise the rows a
+    kept sample of the same memory holds are copied from it and only the others gathered from the node matrix.
+    O(n) for the positions plus O(sample × d) copied."""
+    emb = snap.embeddings
+    at = np.flatnonzero(eligible)
+    if at.size < RESCUE_MIN_SAMPLE or emb.ndim != 2:
+        return rescue_sample(emb, eligible)
+    if at.size > RESCUE_MAX_SAMPLE:
+        at = at[:: -(-at.size // RESCUE_MAX_SAMPLE)]
+    samples = _rescue_samples(snap)
+    with samples.lock:
+        usable = [x for x in samples.entries if _same_rows(x.source, emb)]
+    for x in reversed(usable):
+        if np.array_equal(x.at, at):
+            return x.rows, x.count
+    rows = np.empty((at.size, emb.shape[1]), dtype=np.float32)
+    missing = np.ones(at.size, dtype=bool)
+    if usable:
+        best = usable[-1]
+        pos = np.minimum(np.searchsorted(best.at, at), max(best.at.size - 1, 0))
+        hit = best.at[pos] == at if best.at.size else np.zeros(at.size, dtype=bool)
+        rows[hit] = best.rows[pos[hit]]
+        missing = ~hit
+    rows[missing] = emb[at[missing]]
+    sample = _RescueSample(at, rows, int(at.size), emb)
+    with samples.lock:
+        samples.entries.append(sample)
+        del samples.entries[:-MAX_RESCUE_SAMPLES]
+    return rows, int(at.size)
+
+
 def calibration_from_sample(sample: np.ndarray, count: int, queries: np.ndarray | None) -> RescueCalibration:
     """:func:`rescue_calibration` over a :func:`rescue_sample` ``(sample, count)``."""
     if queries is None or queries.size == 0:
@@ -1588,9 +1669,7 @@ class ScoringStage:
         if queries is None or not snap.embeddings.shape[0] or queries.shape[-1] != snap.embeddings.shape[1]:
             return np.full(idx.size, np.nan), RescueCalibration(np.zeros(0), 0)
         eligible = active_mask(state) & snap.has_vector
-        sample, _ = cached(snap, ("rescue-sample", mask_digest(eligible)),
-                           lambda: rescue_sample(snap.embeddings, eligible))
-        calibration = calibration_from_sample(*sample, queries)
+        calibration = calibration_from_sample(*_rescue_sample(snap, eligible), queries)
         weights = np.array([w for _, w in state.plan.vector_queries], dtype=np.float64)
         if weights.size != queries.shape[0]:
             weights = np.ones(queries.shape[0])

@@ -768,6 +768,7 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
                     report, dropped = rep.ingest, int(rep.record_deleted)
                 else:
                     report, dropped = ingest_messages(svc.store, chat_id, event.batch, now_ms=now), 0
+                    ctl.refresh(chat_id, now_ms=now)
             else:
                 if isinstance(event, MessageEdited):
                     rep = ctl.on_message_edited(chat_id, event.message, now_ms=now)

@@ -850,6 +850,13 @@ class Bm25Cache:
         for thread in threads:
             thread.join(timeout)
 
+    def pending_stems(self, chat_id: str, version: int) -> list[str]:
+        """The stem methods whose cached index of ``chat_id`` is at ``version`` with ids pending (sorted): those a
+        :meth:`get` at that version with a ``changed`` reader would update."""
+        with self._lock:
+            return sorted(k[1] for k, e in self._entries.items() if k[0] == chat_id and e.version == version
+                          and e.pending)
+
     def advance(self, chat_id: str, base_version: int, new_version: int, touched: Iterable[str] = ()) -> int:
         """Move the chat's entries cached at exactly ``base_version`` (every stem method) to ``new_version`` with
         ``touched`` added to their pending ids; returns how many were moved.

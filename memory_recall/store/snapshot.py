@@ -2237,17 +2237,47 @@ class SnapshotCache:
         if snap is not None and snap.version == version and now_ms < snap.valid_until_ms:
             self.last_update[chat_id] = "cached"
             return snap
-        new: GraphSnapshot | None = None
-        read_delta = getattr(store, "snapshot_delta", None)
-        if snap is not None and read_delta is not None and snap.structure.source is not None:
-            delta = read_delta(chat_id, model_id, snap.version)
-            if delta is not None:
-                new = apply_delta(snap, delta, now_ms=now_ms)
-        if new is not None:
-            self.last_update[chat_id] = "stats" if new.structure is snap.structure else "delta"  # type: ignore[union-attr]
-        else:
+        new = self._updated(store, key, snap, now_ms) if snap is not None else None
+        if new is None:
             new = load_snapshot(store, chat_id, model_id, now_ms=now_ms)
             self.last_update[chat_id] = "rebuild"
+        return self._stored(key, new)
+
+    def refresh(self, store: Any, chat_id: str, *, now_ms: int) -> list[GraphSnapshot]:
+        """Bring the chat's cached snapshots (one per model) up to the store's version right after a write, by
+        the store's delta only: a snapshot the delta cannot update is dropped (the next :meth:`get` builds it),
+        never rebuilt here. Returns the snapshots updated (not those already current). What the next ``get``
+        would do, done with the write, so the recall after it finds the snapshot current."""
+        version = store.chat_version(chat_id)
+        with self._lock:
+            items = [(k, s) for k, s in self._items.items() if k[0] == chat_id]
+        out: list[GraphSnapshot] = []
+        for key, snap in items:
+            if snap.version == version and now_ms < snap.valid_until_ms:
+                continue
+            new = self._updated(store, key, snap, now_ms)
+            if new is None:
+                with self._lock:
+                    if self._items.get(key) is snap:
+                        del self._items[key]
+                continue
+            out.append(self._stored(key, new))
+        return out
+
+    def _updated(self, store: Any, key: tuple[str, str], snap: GraphSnapshot, now_ms: int) -> GraphSnapshot | None:
+        """``snap`` updated by the store's delta since its version, or None when there is none to read."""
+        read_delta = getattr(store, "snapshot_delta", None)
+        if read_delta is None or snap.structure.source is None:
+            return None
+        delta = read_delta(key[0], key[1], snap.version)
+        if delta is None:
+            return None
+        new = apply_delta(snap, delta, now_ms=now_ms)
+        if new is not None:
+            self.last_update[key[0]] = "stats" if new.structure is snap.structure else "delta"
+        return new
+
+    def _stored(self, key: tuple[str, str], new: GraphSnapshot) -> GraphSnapshot:
         with self._lock:
             current = self._items.get(key)
             # A concurrent get may have stored a newer snapshot meanwhile: keep the newest.

@@ -2628,6 +2628,22 @@ class Store:
             )
         return index.query(term_list, limit)
 
+    def refresh_bm25(self, chat_id: str) -> list[str]:
+        """Apply the ids a write left pending to the chat's cached BM25 indexes now (what the next :meth:`bm25`
+        would do), so the recall after the write queries an index already current. Builds nothing: a chat
+        without a cached index stays without. Returns the stem methods updated."""
+        chat_id = validate_chat_id(chat_id)
+        with self.read() as r:
+            row = r._conn.execute("SELECT version FROM chats WHERE chat_id = ?", (chat_id,)).fetchone()
+            version = 0 if row is None else int(row[0])
+            conn = r._conn
+            cache = cache_for(self)
+            stems = cache.pending_stems(chat_id, version)
+            for stem in stems:
+                cache.get(chat_id, version, functools.partial(_bm25_read_index, conn, chat_id, stem), stem,
+                          changed=lambda ids: _bm25_read_rows(conn, chat_id, ids))
+        return stems
+
     # -- one-shot writes (each its own transaction and version bump) ---------------------------------------
 
     def upsert_nodes(self, chat_id: str, nodes: Iterable[Node | Mapping[str, Any]]) -> int:

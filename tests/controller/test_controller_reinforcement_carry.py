@@ -5,13 +5,12 @@ byte-identical to the same recall on a fresh store handle, snapshot and caches a
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
+from conftest import BENCH_NODES
 
 from memory_recall import bench
 from memory_recall.controller import RecallController, RecallRequest, RecallResponse
@@ -28,31 +27,9 @@ from memory_recall.store.bm25_index import Bm25Index, cache_for
 from memory_recall.store.snapshot import GraphSnapshot, SnapshotCache
 
 #: The benchmark graph (owners, knowledge, regions, timeline, embeddings) at a size that keeps the test fast.
-N_NODES = 600
 #: The largest step reinforcement allows: importance moves as much as it can between recalls.
 SETTINGS = RecallSettings(profile="app").with_overrides({"reinforcement": {"importance_step": 1.0}})
 RECALLS = 6
-
-
-@pytest.fixture(scope="module")
-def graph_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("bench") / "graph.sqlite3"
-    bench.write_graph(N_NODES, path)
-    return path
-
-
-@pytest.fixture
-def store_path(graph_file: Path, tmp_path: Path) -> Path:
-    path = tmp_path / "store.sqlite3"
-    shutil.copyfile(graph_file, path)
-    return path
-
-
-@pytest.fixture
-def store(store_path: Path) -> Iterator[Store]:
-    s = Store(store_path)
-    yield s
-    s.close()
 
 
 class Recorder:
@@ -70,7 +47,7 @@ class Recorder:
 
 
 def _request(k: int, *, persist: bool, probe: bool = False) -> RecallRequest:
-    scene = bench._Scene(N_NODES)
+    scene = bench._Scene(BENCH_NODES)
     text = bench.QUERIES[k % len(bench.QUERIES)] + (" (probe)" if probe else "")
     q = bench._query(scene, k, text)
     return RecallRequest(
@@ -156,24 +133,24 @@ def _assert_entries_equal_fresh_builds(carried: GraphSnapshot, fresh: GraphSnaps
             assert (value.counts != cooccurrence_index(fresh, key[1])[0].counts).nnz == 0
 
 
-def _controller(store: Store, cache: SnapshotCache, recorder: Recorder) -> RecallController:
+def _controller(bench_store: Store, cache: SnapshotCache, recorder: Recorder) -> RecallController:
     embedder = bench._PassThroughEmbedder(LOCAL_MODEL_ID, {})
-    return RecallController(store, SETTINGS, embedder=embedder, snapshot_cache=cache, pipeline=recorder)
+    return RecallController(bench_store, SETTINGS, embedder=embedder, snapshot_cache=cache, pipeline=recorder)
 
 
-def test_recalls_on_carried_state_equal_recalls_on_fresh_state(store: Store, store_path: Path) -> None:
+def test_recalls_on_carried_state_equal_recalls_on_fresh_state(bench_store: Store, bench_store_path: Path) -> None:
     cache, recorder = SnapshotCache(), Recorder()
-    controller = _controller(store, cache, recorder)
-    bm25 = cache_for(store)
+    controller = _controller(bench_store, cache, recorder)
+    bm25 = cache_for(bench_store)
     first_build: int | None = None
     index: Bm25Index | None = None
     for k in range(RECALLS):
-        version = store.chat_version(bench.CHAT)
+        version = bench_store.chat_version(bench.CHAT)
         resp = controller.run_recall(_request(k, persist=True))
         assert resp.status == "completed" and resp.notes["reinforced"] > 0
-        assert store.chat_version(bench.CHAT) == version + 1 == resp.graph_version
+        assert bench_store.chat_version(bench.CHAT) == version + 1 == resp.graph_version
         used = recorder.snapshots[-1]
-        carried = cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=bench.NOW_MS + k)
+        carried = cache.get(bench_store, bench.CHAT, LOCAL_MODEL_ID, now_ms=bench.NOW_MS + k)
         assert carried is not used and carried.version == version + 1
         first_build = used.built_at_ms if first_build is None else first_build
         assert carried.built_at_ms == first_build  # carried over every write, never rebuilt
@@ -202,7 +179,7 @@ def test_recalls_on_carried_state_equal_recalls_on_fresh_state(store: Store, sto
         carried_resp = controller.run_recall(probe)
         assert recorder.snapshots[-1] is carried and carried_resp.source == "fresh"
         carried_out = recorder.outputs[-1]
-        with Store(store_path) as fresh_store:
+        with Store(bench_store_path) as fresh_store:
             fresh_recorder = Recorder()
             fresh_resp = _controller(fresh_store, SnapshotCache(), fresh_recorder).run_recall(probe)
             fresh_snap = fresh_recorder.snapshots[-1]
@@ -211,21 +188,21 @@ def test_recalls_on_carried_state_equal_recalls_on_fresh_state(store: Store, sto
         assert fresh_recorder.outputs[-1] == carried_out
         assert _response_json(fresh_resp) == _response_json(carried_resp)
         _assert_entries_equal_fresh_builds(carried, fresh_snap)
-        assert store.chat_version(bench.CHAT) == version + 1
+        assert bench_store.chat_version(bench.CHAT) == version + 1
 
 
-def test_bm25_index_and_caches_rebuilt_after_a_graph_write(store: Store) -> None:
+def test_bm25_index_and_caches_rebuilt_after_a_graph_write(bench_store: Store) -> None:
     cache, recorder = SnapshotCache(), Recorder()
-    controller = _controller(store, cache, recorder)
-    bm25 = cache_for(store)
+    controller = _controller(bench_store, cache, recorder)
+    bm25 = cache_for(bench_store)
     controller.run_recall(_request(0, persist=True))
     controller.run_recall(_request(1, persist=True))
-    index = bm25.get(bench.CHAT, store.chat_version(bench.CHAT), _no_build)
+    index = bm25.get(bench.CHAT, bench_store.chat_version(bench.CHAT), _no_build)
     arrays = _entries(recorder.snapshots[-1])[("scoring-arrays",)]
     assert bm25.builds == 1 and recorder.snapshots[1].built_at_ms == recorder.snapshots[0].built_at_ms
     # A graph write (new node text) is not a reinforcement: the next recall rebuilds index, snapshot and caches.
-    store.upsert_nodes(bench.CHAT, [Node(id="zz-new", type="event", fields={"title": "lantern vigil"}, seq=1)])
-    graph_version = store.chat_version(bench.CHAT)
+    bench_store.upsert_nodes(bench.CHAT, [Node(id="zz-new", type="event", fields={"title": "lantern vigil"}, seq=1)])
+    graph_version = bench_store.chat_version(bench.CHAT)
     controller.run_recall(_request(2, persist=True))
     # The BM25 index is not rebuilt: the write's one touched row is merged into the cached index.
     assert (bm25.builds, bm25.deltas) == (1, 1)
@@ -235,4 +212,4 @@ def test_bm25_index_and_caches_rebuilt_after_a_graph_write(store: Store) -> None
     assert _entries(rebuilt)[("scoring-arrays",)] is not arrays
     # ... and that recall's own reinforcement write carried the new index on.
     assert bm25.get(bench.CHAT, graph_version + 1, _no_build) is not index
-    assert store.bm25(bench.CHAT, ["lantern", "vigil"], 5)[0][0] == "zz-new" and bm25.builds == 1
+    assert bench_store.bm25(bench.CHAT, ["lantern", "vigil"], 5)[0][0] == "zz-new" and bm25.builds == 1

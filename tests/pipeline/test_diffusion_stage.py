@@ -244,21 +244,21 @@ class TestAdjacencyCache:
         a2, hit = diffusion_adjacency(snap, DiffusionSettings())
         assert a1 is a2 and hit
 
-    def test_keyed_by_temporal_settings_and_mask(self) -> None:
+    def test_keyed_by_temporal_settings_and_shared_by_masks(self) -> None:
         snap = snapshot(_example_graph())
         with_links, _ = diffusion_adjacency(snap, DiffusionSettings())
         without, _ = diffusion_adjacency(snap, NO_TEMPORAL)
         zero, _ = diffusion_adjacency(snap, DiffusionSettings(temporal_link_strength=0.0))
         assert with_links is not without
         assert without is zero  # both mean "no temporal links"
+        # A mask is the kernel's business: a masked diffusion reads the one adjacency and leaves it untouched.
         mask = np.zeros(snap.n, dtype=bool)
         mask[snap.index["B"]] = True
-        m1, hit1 = diffusion_adjacency(snap, NO_TEMPORAL, mask)
-        m2, hit2 = diffusion_adjacency(snap, NO_TEMPORAL, mask.copy())
-        assert m1 is m2 and not hit1 and hit2
-        b = snap.index["B"]
-        assert m1.normal[[b], :].nnz == 0 and m1.normal[:, [b]].nnz == 0
-        assert without.normal[[b], :].nnz == 2  # the base adjacency is untouched
+        seeds = Seeds(np.array([snap.index["A"]], dtype=np.int64), np.array([1.0]), {})
+        out = diffuse(snap, seeds, NO_TEMPORAL, mask)
+        assert out.adjacency_cached and snap.index["B"] not in out.index.tolist()
+        assert diffusion_adjacency(snap, NO_TEMPORAL)[0] is without
+        assert without.normal[[snap.index["B"]], :].nnz == 2
 
     def test_cache_dies_with_the_snapshot(self) -> None:
         snap = snapshot(_example_graph())
@@ -595,8 +595,8 @@ def _same_adjacency(a, b) -> bool:
 
 
 def _check_against_fresh(chat: _Chat, hidden_of) -> list[bool]:
-    """Base and masked adjacency of the chat's current snapshot (updated when possible) against a fresh build's, for
-    every setting; returns whether each base came from an update."""
+    """The adjacency of the chat's current snapshot (updated when possible) and a masked diffusion on it against a
+    fresh build's, for every setting; returns whether each adjacency came from an update."""
     from memory_recall.pipeline.diffusion import _UPDATED_FROM
 
     snap, fresh = chat.snapshot(), chat.fresh()
@@ -606,16 +606,18 @@ def _check_against_fresh(chat: _Chat, hidden_of) -> list[bool]:
         built, _ = diffusion_adjacency(fresh, s)
         assert _same_adjacency(base, built), s
         updated.append(_UPDATED_FROM in base.derived)
+        # A masked diffusion on the updated snapshot gives the fresh build's, bit for bit.
         hidden = hidden_of(snap)
-        masked, _ = diffusion_adjacency(snap, s, hidden)
-        masked_built, _ = diffusion_adjacency(fresh, s, hidden.copy())
-        assert _same_adjacency(masked, masked_built), s
+        visible = np.flatnonzero(~hidden)[:3]
+        seeds = Seeds(visible, np.linspace(1.0, 0.5, visible.size), {})
+        got, want = diffuse(snap, seeds, s, hidden), diffuse(fresh, seeds, s, hidden.copy())
+        assert got.index.tolist() == want.index.tolist() and got.energy.tobytes() == want.energy.tobytes(), s
     return updated
 
 
 class TestAdjacencyUpdate:
-    """After an appended-only delta the base and masked adjacencies are derived from the parent structure's, equal
-    to a fresh build array by array; any other delta builds them."""
+    """After an appended-only delta the adjacency is derived from the parent structure's, equal to a fresh build
+    array by array; any other delta builds it."""
 
     def test_new_messages_update_and_equal_a_build(self, tmp_path) -> None:
         chat = _Chat(tmp_path / "store.sqlite3")

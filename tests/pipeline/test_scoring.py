@@ -1432,3 +1432,53 @@ class TestAfterAppend:
             updated = scoring._snapshot_arrays(snap)
             assert updated.vocab is parent.vocab
             assert _arrays_differences(updated, scoring._snapshot_arrays(_aw_fresh(store))) == []
+
+
+class TestRescueSampleCarried:
+    """The rescue sample (the rows the calibration measures against) is kept per structure and, after an
+    appended-only delta, served from or copied out of the parent's samples where the vector memory is shared —
+    always equal, bit for bit, to :func:`rescue_sample` of the current matrix and mask."""
+
+    CHAT, MODEL = "rescue", "m"
+
+    def _write(self, store, ids, rng) -> None:
+        from memory_recall.model.graph import Node
+
+        with store.write(self.CHAT) as w:
+            w.upsert_nodes([Node(id=i, type="event", seq=k, fields={"title": i}, seq_range=(k, k + 1))
+                            for k, i in ids])
+        store.put_embeddings(self.CHAT, self.MODEL, {i: rng.normal(size=8).astype(np.float32) for _, i in ids})
+
+    def test_after_appends_and_a_rewritten_vector_equals_a_fresh_gather(self, tmp_path, monkeypatch) -> None:
+        from memory_recall.pipeline import scoring
+        from memory_recall.store import Store
+        from memory_recall.store.snapshot import SnapshotCache
+
+        monkeypatch.setattr(scoring, "RESCUE_MAX_SAMPLE", 12)  # a stride over 40 nodes
+        rng = np.random.default_rng(7)
+        with Store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            self._write(store, [(k, f"n{k:03d}") for k in range(40)], rng)
+
+            def check(snap, eligible):
+                got = scoring._rescue_sample(snap, eligible)
+                want = scoring.rescue_sample(snap.embeddings, eligible)
+                assert got[1] == want[1] and got[0].tobytes() == want[0].tobytes()
+                return got[0]
+
+            snap = cache.get(store, self.CHAT, self.MODEL, now_ms=0)
+            first = check(snap, snap.has_vector.copy())
+            assert check(snap, snap.has_vector.copy()) is first  # kept for the structure
+            reused = 0
+            for step in range(6):
+                self._write(store, [(40 + step, f"m{step:03d}")], rng)  # one new node with its vector
+                if step == 3:  # an old node's vector rewritten: the matrix is copied, nothing is reused
+                    store.put_embeddings(self.CHAT, self.MODEL, {"n004": rng.normal(size=8).astype(np.float32)})
+                child = cache.get(store, self.CHAT, self.MODEL, now_ms=0)
+                assert child.structure.parent is not None
+                eligible = child.has_vector.copy()
+                eligible[-1] = step % 2 == 0  # the newest node in and out of the sample
+                rows = check(child, eligible)
+                reused += rows is first or scoring._same_rows(snap.embeddings, child.embeddings)
+                snap, first = child, rows
+            assert reused >= 3

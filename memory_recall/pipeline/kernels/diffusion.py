@@ -204,8 +204,14 @@ def propagate(
     clamp: float = 2.0,
     teleport_alpha: float = 0.0,
     inhibit_multiplier: float = 2.0,
+    hidden: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Spreading activation (reference §3.9 ``propagateActivation``), sparse mat-vec per step.
+
+    ``hidden`` ((n,) bool): nodes that neither receive nor relay energy — the same result, bit for bit, as
+    propagating on the adjacency with their rows and columns zeroed and stored zeros dropped (``D·A·D``,
+    ``D = diag(~hidden)``; tested), without building that matrix: each step drops the gathered entries of hidden
+    rows, hidden columns and zero weight, keeping the others in stored order (the order they are summed in).
 
     Returns ``(idx, energy)`` sorted by node index: for every node touched (seeds included), the value with
     the largest ``|value|`` over the initial seeds and all steps (negative = inhibited). Defaults: §5.3.
@@ -225,6 +231,12 @@ def propagate(
         raise ValueError("seed_idx and seed_energy must have the same length.")
     init_idx, init_val = _initial_seeds(n, seed_i, seed_e, clamp, min_energy)
     rows = _stacked_rows(adj)
+    if hidden is not None:
+        hidden = np.asarray(hidden, dtype=bool)
+        if hidden.shape != (n,):
+            raise ValueError(f"hidden must have shape ({n},); got {hidden.shape}.")
+        if not hidden.any():
+            hidden = None
     teleport = alpha > 0.0 and init_idx.size > 0
 
     result = np.zeros(n, dtype=np.float64)
@@ -255,6 +267,12 @@ def propagate(
         contrib *= np.concatenate([cur_val, np.abs(cur_val)]).repeat(lengths)
         contrib[:split] *= normal_factor
         contrib[split:] *= inhibit_factor
+        if hidden is not None:
+            # What the masked matrix holds of these rows: entries of visible rows to visible columns, non-zero.
+            ok = ~hidden[cols]
+            ok &= ~np.concatenate([hidden[cur_idx], hidden[cur_idx]]).repeat(lengths)
+            ok &= rows.data[pos] != 0
+            cols, contrib = cols[ok], contrib[ok]
         # Sum per reached node: a dense bincount over all n nodes (adds in input order, from 0.0, as the
         # reference's map does) and the reached nodes read off a mask, in index order — cheaper than a sort
         # of the few hundred entries a step produces. With teleport the seeds are marked reached too, so

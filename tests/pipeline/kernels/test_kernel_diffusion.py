@@ -375,3 +375,52 @@ def test_differential_min_energy_and_duplicate_seeds_match_reference_translitera
         ref = _reference_propagate(lists, seed_list, tie_key=lambda s: int(s[1:]), **kwargs)
         assert got.keys() == ref.keys(), case
         assert got == pytest.approx(ref, abs=1e-9), case
+
+
+def _zeroed(mat, keep: np.ndarray):
+    """``D·mat·D`` with ``D = diag(keep)``, stored zeros dropped: the matrix a hidden mask stands for."""
+    import scipy.sparse as sp
+
+    d = sp.diags_array(keep.astype(np.float64))
+    out = sp.csr_array(d @ mat @ d)
+    out.eliminate_zeros()
+    out.sort_indices()
+    return out
+
+
+def test_hidden_mask_equals_propagating_on_the_zeroed_matrix_bit_for_bit() -> None:
+    """240 random graphs and masks (stored zero weights included): ``propagate(adj, hidden=mask)`` gives exactly,
+    bit for bit and in the same order, what propagating on the adjacency with the hidden rows and columns zeroed
+    gives (the matrix the diffusion stage built per mask before). Seeds are visible (the stage drops hidden ones);
+    a hidden seed relays nothing either."""
+    from memory_recall.pipeline.kernels.diffusion import Adjacency
+
+    rng = np.random.default_rng(20261202)
+    differs = 0
+    for case in range(240):
+        (n, src, dst, strength, inhibit, pairs, t_strength, seeds, energies, alpha, top_k,
+         steps) = _random_case(rng)
+        if strength.size and rng.random() < 0.3:
+            strength[rng.integers(0, strength.size, max(1, strength.size // 5))] = 0.0  # stored zeros
+        adj = build_adjacency(n, src, dst, strength, inhibit, pairs, t_strength)
+        hidden = rng.random(n) < rng.choice([0.0, 0.1, 0.3, 0.6])
+        if rng.random() < 0.8:
+            hidden[seeds] = False
+        kwargs = dict(max_steps=steps, top_k=top_k, teleport_alpha=alpha, min_energy=float(rng.choice([0.01, 0.0])))
+        idx, energy = propagate(adj, seeds, energies, hidden=hidden, **kwargs)
+        if hidden.any():
+            keep = ~hidden
+            zeroed = Adjacency(_zeroed(adj.normal, keep), _zeroed(adj.inhibit, keep), adj.synthetic_edge_count)
+        else:
+            zeroed = adj
+        ref_idx, ref_energy = propagate(zeroed, seeds, energies, **kwargs)
+        assert idx.tolist() == ref_idx.tolist(), case
+        assert energy.tobytes() == ref_energy.tobytes(), case
+        plain_idx, _ = propagate(adj, seeds, energies, **kwargs)
+        differs += plain_idx.tolist() != idx.tolist()
+    assert differs >= 40  # the masks did change results
+
+
+def test_hidden_mask_shape_is_checked() -> None:
+    with pytest.raises(ValueError, match=r"hidden must have shape \(5,\)"):
+        propagate(_example_adjacency(), [A], [1.0], hidden=np.zeros(4, dtype=bool))
