@@ -98,14 +98,23 @@ def cached(
 
     Thread-safe; two threads racing on a cold key may both build, the first stored value wins.
     """
+    value, hit = _structure_value(snapshot, key, build, update)
+    if recipe is not None and not hit:  # the first value of the key for this structure
+        with _LOCK:
+            recipes = _RECIPES.get(snapshot.structure)
+            if recipes is None:
+                recipes = _RECIPES[snapshot.structure] = {}
+            recipes[key] = recipe
+    return value, hit
+
+
+def _structure_value(
+    snapshot: GraphSnapshot, key: Hashable, build: Callable[[], T],
+    update: Callable[[Any, StructureChange], T | None] | None,
+) -> tuple[T, bool]:
+    """:func:`cached` without the recipe: derived from the parent's value when it can be, else built."""
     structure = snapshot.structure
     preparing = getattr(_PREPARING, "on", False)
-    if recipe is not None:
-        with _LOCK:
-            recipes = _RECIPES.get(structure)
-            if recipes is None:
-                recipes = _RECIPES[structure] = {}
-            recipes[key] = recipe
     if update is not None and structure.change is not None:
         parent = structure.parent
         if parent is not None:

@@ -47,7 +47,6 @@ Departures (recall-spec)
 from __future__ import annotations
 
 import functools
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -230,7 +229,7 @@ _PAIR_LOW = (1 << _PAIR_SHIFT) - 1
 _MAX_UPDATE_N = 1 << 31
 
 #: ``Adjacency.derived`` keys of this module: what an update needs of the snapshot the adjacency was derived from
-#: (:class:`_Provenance`), and the parent adjacency plus the rows an update replaced.
+#: (:class:`_Provenance`), and the rows an update replaced.
 _PROVENANCE = "diffusion-provenance"
 _UPDATED_FROM = "diffusion-updated-from"
 
@@ -545,8 +544,7 @@ def _updated_adjacency(
         return None
     adj = Adjacency(normal=normal, inhibit=inhibit, synthetic_edge_count=int(keys.size))
     adj.derived[_PROVENANCE] = _Provenance(n, int(snapshot.edge_src.size), keys, counted, factors)
-    # Which rows the update replaced (figures, tests); a weak reference: no chain of old adjacencies is kept.
-    adj.derived[_UPDATED_FROM] = (weakref.ref(parent), changed_normal, changed_inhibit)
+    adj.derived[_UPDATED_FROM] = (changed_normal, changed_inhibit)  # which rows the update replaced (tests)
     return adj
 
 

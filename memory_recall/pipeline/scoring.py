@@ -1126,12 +1126,20 @@ def rescue_sample(embeddings: np.ndarray, eligible: np.ndarray) -> tuple[np.ndar
     rows when fewer than :data:`RESCUE_MIN_SAMPLE`) — and how many nodes it stands for (the rows, or the eligible
     count when too few). Depends on the structure and the mask only, so the scoring stage keeps it per
     snapshot structure and mask (the gather is most of the calibration's cost at 100k nodes)."""
-    at = np.flatnonzero(eligible)
+    at, count = _sample_positions(eligible)
     if at.size < RESCUE_MIN_SAMPLE:
-        return np.zeros((0, embeddings.shape[1] if embeddings.ndim == 2 else 0), dtype=np.float32), int(at.size)
+        return np.zeros((0, embeddings.shape[1] if embeddings.ndim == 2 else 0), dtype=np.float32), count
+    return np.ascontiguousarray(embeddings[at], dtype=np.float32), count
+
+
+def _sample_positions(eligible: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(positions, count)``: the nodes of ``eligible`` a rescue sample holds (all of them, or at most
+    :data:`RESCUE_MAX_SAMPLE` at an even stride) and how many are eligible when fewer than
+    :data:`RESCUE_MIN_SAMPLE` (else the positions' count)."""
+    at = np.flatnonzero(eligible)
     if at.size > RESCUE_MAX_SAMPLE:
         at = at[:: -(-at.size // RESCUE_MAX_SAMPLE)]
-    return np.ascontiguousarray(embeddings[at], dtype=np.float32), int(at.size)
+    return at, int(at.size)
 
 
 #: Rescue samples kept per snapshot structure (one per recent eligible mask, least recently used dropped).
@@ -1140,12 +1148,11 @@ MAX_RESCUE_SAMPLES = 4
 
 @dataclass(frozen=True, eq=False)
 class _RescueSample:
-    """One :func:`rescue_sample`: ``rows`` and ``count`` as it returns them, ``at`` the node positions of the rows
-    (ascending) and ``source`` the embedding matrix they were gathered from."""
+    """One :func:`rescue_sample`: its ``rows``, ``at`` the node positions of the rows (ascending) and ``source`` the
+    embedding matrix they were gathered from."""
 
     at: np.ndarray
     rows: np.ndarray
-    count: int
     source: np.ndarray
 
 
@@ -1187,17 +1194,15 @@ def _rescue_sample(snap: GraphSnapshot, eligible: np.ndarray) -> tuple[np.ndarra
     kept sample of the same memory holds are copied from it and only the others gathered from the node matrix.
     O(n) for the positions plus O(sample × d) copied."""
     emb = snap.embeddings
-    at = np.flatnonzero(eligible)
+    at, count = _sample_positions(eligible)
     if at.size < RESCUE_MIN_SAMPLE or emb.ndim != 2:
         return rescue_sample(emb, eligible)
-    if at.size > RESCUE_MAX_SAMPLE:
-        at = at[:: -(-at.size // RESCUE_MAX_SAMPLE)]
     samples = _rescue_samples(snap)
     with samples.lock:
         usable = [x for x in samples.entries if _same_rows(x.source, emb)]
     for x in reversed(usable):
         if np.array_equal(x.at, at):
-            return x.rows, x.count
+            return x.rows, count
     rows = np.empty((at.size, emb.shape[1]), dtype=np.float32)
     missing = np.ones(at.size, dtype=bool)
     if usable:
@@ -1207,11 +1212,10 @@ def _rescue_sample(snap: GraphSnapshot, eligible: np.ndarray) -> tuple[np.ndarra
         rows[hit] = best.rows[pos[hit]]
         missing = ~hit
     rows[missing] = emb[at[missing]]
-    sample = _RescueSample(at, rows, int(at.size), emb)
     with samples.lock:
-        samples.entries.append(sample)
+        samples.entries.append(_RescueSample(at, rows, emb))
         del samples.entries[:-MAX_RESCUE_SAMPLES]
-    return rows, int(at.size)
+    return rows, count
 
 
 def calibration_from_sample(sample: np.ndarray, count: int, queries: np.ndarray | None) -> RescueCalibration:

@@ -88,7 +88,7 @@ from memory_recall.model.state import (
     SummaryState,
     TimelineState,
 )
-from memory_recall.store.bm25_index import Bm25Index, cache_for
+from memory_recall.store.bm25_index import Bm25Cache, Bm25Index, cache_for
 from memory_recall.store.snapshot import (
     PACKED_EDGE,
     PACKED_EDGE_DTYPE,
@@ -2143,6 +2143,22 @@ def _create_private(path: Path) -> None:
 # ------------------------------------------------------------------------------------------------------------
 
 
+def _chat_version_in(r: StoreReader, chat_id: str) -> int:
+    """The chat's version as ``r`` sees it (0 for an unknown chat); ``chat_id`` already validated."""
+    row = r._conn.execute("SELECT version FROM chats WHERE chat_id = ?", (chat_id,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _cached_bm25_index(cache: Bm25Cache, r: StoreReader, chat_id: str, stem: str) -> Bm25Index:
+    """The chat's BM25 index at the version ``r`` sees, from ``cache``: served, updated by its pending rows or
+    built. Version and rows come from one read snapshot, so the cached index is exactly that version's."""
+    conn = r._conn
+    return cache.get(
+        chat_id, _chat_version_in(r, chat_id), lambda: _bm25_read_index(conn, chat_id, stem), stem,
+        changed=lambda ids: _bm25_read_rows(conn, chat_id, ids),
+    )
+
+
 class Store:
     """A memory-recall store in one SQLite file (see the module docstring for the contract).
 
@@ -2617,15 +2633,7 @@ class Store:
         if not term_list:
             return []
         with self.read() as r:
-            # Version and rows come from one snapshot, so the cached index is exactly that version's. The version
-            # is read directly: chat_version() would validate the (already validated) chat id a second time.
-            row = r._conn.execute("SELECT version FROM chats WHERE chat_id = ?", (chat_id,)).fetchone()
-            version = 0 if row is None else int(row[0])
-            conn = r._conn
-            index = cache_for(self).get(
-                chat_id, version, lambda: _bm25_read_index(conn, chat_id, stem), stem,
-                changed=lambda ids: _bm25_read_rows(conn, chat_id, ids),
-            )
+            index = _cached_bm25_index(cache_for(self), r, chat_id, stem)
         return index.query(term_list, limit)
 
     def refresh_bm25(self, chat_id: str) -> list[str]:
@@ -2633,15 +2641,11 @@ class Store:
         would do), so the recall after the write queries an index already current. Builds nothing: a chat
         without a cached index stays without. Returns the stem methods updated."""
         chat_id = validate_chat_id(chat_id)
+        cache = cache_for(self)
         with self.read() as r:
-            row = r._conn.execute("SELECT version FROM chats WHERE chat_id = ?", (chat_id,)).fetchone()
-            version = 0 if row is None else int(row[0])
-            conn = r._conn
-            cache = cache_for(self)
-            stems = cache.pending_stems(chat_id, version)
+            stems = cache.pending_stems(chat_id, _chat_version_in(r, chat_id))
             for stem in stems:
-                cache.get(chat_id, version, functools.partial(_bm25_read_index, conn, chat_id, stem), stem,
-                          changed=lambda ids: _bm25_read_rows(conn, chat_id, ids))
+                _cached_bm25_index(cache, r, chat_id, stem)
         return stems
 
     # -- one-shot writes (each its own transaction and version bump) ---------------------------------------

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from controller_helpers import CHAT, NOW, CountingPipeline, demo_messages
+from controller_helpers import BENCH_NODES, CHAT, NOW, CountingPipeline, demo_messages
 
 from memory_recall import bench
 from memory_recall.controller import RecallController
@@ -40,10 +40,6 @@ def cache() -> SnapshotCache:
 @pytest.fixture
 def controller(store: Store, chat: str, counting: CountingPipeline, cache: SnapshotCache) -> RecallController:
     return RecallController(store, RecallSettings(), pipeline=counting, snapshot_cache=cache)
-
-
-#: The benchmark graph (owners, knowledge, regions, timeline, embeddings) at a size that keeps the tests fast.
-BENCH_NODES = 600
 
 
 @pytest.fixture(scope="session")

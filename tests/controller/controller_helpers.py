@@ -17,6 +17,8 @@ from memory_recall.pipeline.retrieve import retrieve
 
 NOW = 1_700_000_000_000
 CHAT = "demo"
+#: The benchmark graph (owners, knowledge, regions, timeline, embeddings) at a size that keeps the tests fast.
+BENCH_NODES = 600
 #: Floors 0–11 of the demo chat (user floors 0, 2, 4, 6, 8, 10 alternate with the narrator).
 N_MESSAGES = 12
 

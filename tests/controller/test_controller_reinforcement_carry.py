@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from conftest import BENCH_NODES
+from controller_helpers import BENCH_NODES
 
 from memory_recall import bench
 from memory_recall.controller import RecallController, RecallRequest, RecallResponse

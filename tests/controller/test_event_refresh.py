@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from conftest import BENCH_NODES
+from controller_helpers import BENCH_NODES
 
 from memory_recall import bench
 from memory_recall.controller import RecallController

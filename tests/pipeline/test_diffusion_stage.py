@@ -649,7 +649,7 @@ class TestAdjacencyUpdate:
         after, _ = diffusion_adjacency(chat.snapshot(), DiffusionSettings())
         from memory_recall.pipeline.diffusion import _UPDATED_FROM
 
-        _, rows, _ = after.derived[_UPDATED_FROM]
+        rows, _ = after.derived[_UPDATED_FROM]
         snap = chat.snapshot()
         assert set(rows.tolist()) >= {snap.index["n005"], snap.index[f"n{chat.next - 1:03d}"]}
         assert rows.size < snap.n // 2
