@@ -44,6 +44,7 @@ __all__ = [
     "active_mask",
     "cached",
     "cached_stats",
+    "changed_rows",
     "cooccurrence_eligible",
     "has_anchor_term_mask",
     "hidden_mask",
@@ -55,8 +56,10 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Derived values kept per snapshot (base adjacency + a few masked variants + co-occurrence index).
-MAX_ENTRIES_PER_SNAPSHOT = 16
+#: Derived values kept per structure or snapshot: one recall of one profile makes about 18 per structure (the
+#: adjacency, the stages' indexes and tables), a second profile or batch size a few more; per-mask variants (the
+#: co-occurrence columns) are what this bounds.
+MAX_ENTRIES_PER_SNAPSHOT = 32
 
 #: Entries keyed by the snapshot's structure (:func:`cached`) or by the snapshot itself (:func:`cached_stats`).
 _CACHE: weakref.WeakKeyDictionary[Any, OrderedDict[Hashable, Any]] = weakref.WeakKeyDictionary()
@@ -100,11 +103,7 @@ def cached(
     """
     value, hit = _structure_value(snapshot, key, build, update)
     if recipe is not None and not hit:  # the first value of the key for this structure
-        with _LOCK:
-            recipes = _RECIPES.get(snapshot.structure)
-            if recipes is None:
-                recipes = _RECIPES[snapshot.structure] = {}
-            recipes[key] = recipe
+        _register(snapshot.structure, key, recipe)
     return value, hit
 
 
@@ -136,10 +135,33 @@ def _structure_value(
     return _cached(structure, key, _not_built(key) if preparing else build)
 
 
-def cached_stats(snapshot: GraphSnapshot, key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
+def cached_stats(
+    snapshot: GraphSnapshot, key: Hashable, build: Callable[[], T],
+    *, recipe: Callable[[GraphSnapshot], object] | None = None,
+) -> tuple[T, bool]:
     """:func:`cached` for values that read the statistics overlay too: kept per snapshot object (structure and
-    overlay), so a reinforcement write (a new overlay) builds them again."""
-    return _cached(snapshot, key, _not_built(key) if getattr(_PREPARING, "on", False) else build)
+    overlay), so a reinforcement write (a new overlay) builds them again.
+
+    ``recipe(snapshot)``: the accessor that called this, given only when ``build`` is cheap once the structure's
+    values it reads are there (it derives, it does not build: an order kept by the structure re-checked against
+    the overlay, an empty memo). :func:`prepare` then builds the value for the snapshot it prepares, so the recall
+    after a write finds it; the structure's values ``build`` reads are still only derived there, never built."""
+    preparing = getattr(_PREPARING, "on", False)
+    if recipe is not None:
+        with _LOCK:
+            entries = _CACHE.get(snapshot)
+            known = entries is not None and key in entries
+        if not known:
+            _register(snapshot.structure, ("stats", key), recipe)
+    return _cached(snapshot, key, _not_built(key) if preparing and recipe is None else build)
+
+
+def _register(structure: Any, key: Hashable, recipe: Callable[[GraphSnapshot], object]) -> None:
+    with _LOCK:
+        recipes = _RECIPES.get(structure)
+        if recipes is None:
+            recipes = _RECIPES[structure] = {}
+        recipes[key] = recipe
 
 
 def _not_built(key: Hashable) -> Callable[[], Any]:
@@ -153,7 +175,9 @@ def prepare(snapshot: GraphSnapshot) -> list[Hashable]:
     """Derive, for a snapshot whose structure a delta updated from a parent, every value the parent structure
     holds through a :func:`cached` call with a ``recipe``, from the parent's value (the update paths): what the
     first recall on the snapshot would otherwise do. Never builds a value: one whose update path declines (or
-    that needs another value not derivable) is left for the recall to build. Returns the keys derived, in order.
+    that needs another value not derivable) is left for the recall to build. The values of :func:`cached_stats`
+    calls with a ``recipe`` (registered under ``("stats", key)``) are built for ``snapshot`` itself, from the
+    structure's values. Returns the keys derived, in order.
 
     Called right after a write (:meth:`~memory_recall.controller.RecallController.refresh`): the live snapshot and
     its derived structures are brought up to date with the write, in time proportional to what changed, and the
@@ -198,6 +222,16 @@ def _cached(owner: Any, key: Hashable, build: Callable[[], T]) -> tuple[T, bool]
         while len(entries) > MAX_ENTRIES_PER_SNAPSHOT:
             entries.popitem(last=False)
     return value, False
+
+
+def changed_rows(change: StructureChange) -> np.ndarray | None:
+    """The nodes (new positions, ascending, unique) whose row an appended-only change may have changed: the
+    rewritten, the relinked (:attr:`~memory_recall.store.snapshot.StructureChange.relinked`) and the new ones;
+    ``None`` for any other change (then every row may have)."""
+    if not change.appended_only or change.relinked is None:
+        return None
+    new = np.arange(change.appended, change.n_new, dtype=np.int64)
+    return np.unique(np.concatenate([change.rewritten.astype(np.int64), change.relinked.astype(np.int64), new]))
 
 
 def mask_digest(mask: np.ndarray) -> str:

@@ -66,6 +66,7 @@ Departures
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +84,7 @@ from memory_recall.pipeline.state import (
     TimedStage,
 )
 from memory_recall.settings import ContextSettings
-from memory_recall.store.snapshot import GraphSnapshot
+from memory_recall.store.snapshot import GraphSnapshot, StructureChange
 from memory_recall.text.mentions import fold, term_occurs
 from memory_recall.text.normalize import js_len, normalize_query
 
@@ -288,6 +289,21 @@ class _OwnerIndex:
         return self.row_by_base.get(key.split("#", 1)[0], -1) if row is None else row
 
 
+def _recent_active(snap: GraphSnapshot, catalog: Sequence[int]) -> tuple[int, ...]:
+    """The first :data:`RECENT_ACTIVE_COUNT` catalog rows by ``updated_at`` desc, then owner node recency desc."""
+    ka = snap.knowledge
+
+    def recency(o: int) -> float:
+        i = int(ka.owner_node_index[o])
+        if i < 0:
+            return 0.0
+        end = float(snap.seq_end[i])
+        return float(snap.seq[i]) if np.isnan(end) else end
+
+    recent = sorted(catalog, key=lambda o: (-int(ka.updated_at[o]), -recency(o)))
+    return tuple(recent[:RECENT_ACTIVE_COUNT])
+
+
 def _owner_index(snap: GraphSnapshot) -> _OwnerIndex:
     def build() -> _OwnerIndex:
         ka = snap.knowledge
@@ -298,15 +314,6 @@ def _owner_index(snap: GraphSnapshot) -> _OwnerIndex:
             # Longest alias first (JS length); the stable sort keeps alias order among equals.
             aliases = sorted((a for a in aliases if js_len(a) >= 2), key=js_len, reverse=True)
             mention_terms.append(tuple((alias, fold(alias)) for alias in aliases))
-
-        def recency(o: int) -> float:
-            i = int(ka.owner_node_index[o])
-            if i < 0:
-                return 0.0
-            end = float(snap.seq_end[i])
-            return float(snap.seq[i]) if np.isnan(end) else end
-
-        recent = sorted(catalog, key=lambda o: (-int(ka.updated_at[o]), -recency(o)))
         row_by_key: dict[str, int] = {}
         row_by_base: dict[str, int] = {}
         for o, key in enumerate(ka.owner_keys):
@@ -315,13 +322,20 @@ def _owner_index(snap: GraphSnapshot) -> _OwnerIndex:
         return _OwnerIndex(
             catalog=tuple(catalog),
             mention_terms=tuple(mention_terms),
-            recent_active=tuple(recent[:RECENT_ACTIVE_COUNT]),
+            recent_active=_recent_active(snap, catalog),
             segments_by_id={seg.id: seg for seg in snap.timeline.segments},
             row_by_key=row_by_key,
             row_by_base=row_by_base,
         )
 
-    value, _ = cached(snap, ("context", "owner-index"), build)
+    def update(old: _OwnerIndex, change: StructureChange) -> _OwnerIndex | None:
+        # A write that left the chat state alone leaves the knowledge rows, their aliases and the timeline as
+        # they were; only the owner nodes' recency (their node may be new or rewritten) is read again.
+        if change.state_changed:
+            return None
+        return dataclasses.replace(old, recent_active=_recent_active(snap, old.catalog))
+
+    value, _ = cached(snap, ("context", "owner-index"), build, update, recipe=_owner_index)
     return value
 
 

@@ -530,7 +530,7 @@ def _stats_walks(snapshot: GraphSnapshot) -> dict[tuple[str, int], Any]:
         memo.stats = (snapshot.importance, walks)
         return walks
 
-    return cached_stats(snapshot, ("owners", "stats-walks"), build)[0]
+    return cached_stats(snapshot, ("owners", "stats-walks"), build, recipe=_stats_walks)[0]
 
 
 def resolve_pov_owner(snapshot: GraphSnapshot, i: int) -> tuple[str, str]:

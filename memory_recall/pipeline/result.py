@@ -399,7 +399,7 @@ _DumpEntry = tuple[tuple[int, float, int] | None, dict[str, Any], str]
 def _dumps_memo(snap: GraphSnapshot) -> dict[int, tuple[dict[str, Any], str]]:
     """Node dumps and labels (:func:`_node_entry`) per snapshot object: a dump holds ``importance``,
     ``access_count`` and ``last_access_time``, which a reinforcement write changes."""
-    return cached_stats(snap, ("result-node-dumps",), dict)[0]
+    return cached_stats(snap, ("result-node-dumps",), dict, recipe=_dumps_memo)[0]
 
 
 def _dump_table(snap: GraphSnapshot) -> dict[int, _DumpEntry]:
@@ -541,7 +541,7 @@ def _core_order(snap: GraphSnapshot) -> tuple[np.ndarray, np.ndarray]:
         value = derived if derived is not None else _sorted_core_order(snap)
         return value.order, value.synopsis
 
-    return cached_stats(snap, ("result-core-order",), build)[0]
+    return cached_stats(snap, ("result-core-order",), build, recipe=_core_order)[0]
 
 
 def _structure_core_order(snap: GraphSnapshot) -> _CoreOrder:

@@ -37,7 +37,7 @@ import numpy as np
 
 from memory_recall.pipeline._graph_cache import cached
 from memory_recall.settings import ScoringSettings
-from memory_recall.store.snapshot import GraphSnapshot
+from memory_recall.store.snapshot import GraphSnapshot, StructureChange
 
 __all__ = ["TELL_LAG_MS", "TimeCue", "parse_time_cue", "says_when", "time_cue_weights"]
 
@@ -165,22 +165,53 @@ def says_when(text: str) -> bool:
     return _SAYS_WHEN.search(text) is not None or _MONTH_NAME.search(text) is not None
 
 
+def _message_time_span(snapshot: GraphSnapshot, rows: np.ndarray | None = None) -> tuple[float, float] | None:
+    """``(first, last)`` positive finite message time (ms) of ``snapshot`` (of the nodes ``rows`` only when
+    given), ``None`` when there is none."""
+    from memory_recall.pipeline.kind_weights import MESSAGE_TYPE_CODE
+
+    types, times = snapshot.type_code, snapshot.created_time
+    if rows is not None:
+        types, times = types[rows], times[rows]
+    t = times[(types == MESSAGE_TYPE_CODE) & np.isfinite(times)]
+    t = t[t > 0]
+    return None if t.size == 0 else (float(t.min()), float(t.max()))
+
+
+#: Per structure: the positive finite message times' ``(first, last)``, or ``None``, in a 1-tuple (``None`` is the
+#: decline of an update path).
+_Span = tuple[tuple[float, float] | None]
+
+
+def _updated_span(snapshot: GraphSnapshot, old: _Span, change: StructureChange) -> _Span | None:
+    """The span of ``snapshot`` from its parent structure's: after an appended-only change that rewrote no node's
+    type or time, the old rows hold the same times, so only the new ones are folded in (O(new rows)); ``None``
+    (build) otherwise."""
+    if not change.appended_only or change.changed_columns is None or (
+        change.changed_columns & {"type_code", "created_time"}
+    ):
+        return None
+    before, new = old[0], _message_time_span(snapshot, np.arange(change.appended, change.n_new))
+    if before is None or new is None:
+        return (before or new,)
+    return ((min(before[0], new[0]), max(before[1], new[1])),)
+
+
+def _chat_span(snapshot: GraphSnapshot) -> tuple[float, float] | None:
+    value, _ = cached(snapshot, ("time-cue-span",), lambda: (_message_time_span(snapshot),),
+                      lambda old, change: _updated_span(snapshot, old, change), recipe=_chat_span)
+    return value[0]
+
+
 def _chat_years(snapshot: GraphSnapshot) -> tuple[int, ...]:
-    """The years from the first to the last finite message time of the snapshot (cached; one numpy pass)."""
-
-    def build() -> tuple[int, ...]:
-        from memory_recall.pipeline.kind_weights import MESSAGE_TYPE_CODE
-
-        t = snapshot.created_time[(snapshot.type_code == MESSAGE_TYPE_CODE) & np.isfinite(snapshot.created_time)]
-        t = t[t > 0]
-        if t.size == 0:
-            return ()
-        first = datetime.fromtimestamp(float(t.min()) / 1000, UTC).year
-        last = datetime.fromtimestamp(float(t.max()) / 1000, UTC).year
-        return tuple(range(first, min(last, first + 50) + 1))
-
-    value, _ = cached(snapshot, ("time-cue-years",), build)
-    return value
+    """The years from the first to the last finite message time of the snapshot (the span is cached per
+    structure and updated after a write)."""
+    span = _chat_span(snapshot)
+    if span is None:
+        return ()
+    first = datetime.fromtimestamp(span[0] / 1000, UTC).year
+    last = datetime.fromtimestamp(span[1] / 1000, UTC).year
+    return tuple(range(first, min(last, first + 50) + 1))
 
 
 def _says_when_rows(snapshot: GraphSnapshot, idx: np.ndarray) -> np.ndarray:

@@ -23,23 +23,26 @@ Cost
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from memory_recall.pipeline._graph_cache import cached
+from memory_recall.pipeline._graph_cache import cached, changed_rows
 from memory_recall.pipeline.kind_weights import MESSAGE_TYPE_CODE
-from memory_recall.store.snapshot import GraphSnapshot
+from memory_recall.store.snapshot import GraphSnapshot, StructureChange
 
 __all__ = ["TurnNeighbours", "turn_neighbours", "with_turn_context"]
 
 
+@dataclass(frozen=True, slots=True, eq=False)
 class TurnNeighbours:
-    """Of the message nodes of a snapshot: those with a message ``prev`` and a message ``next``, and which."""
+    """Of the message nodes of a snapshot: those with a message ``prev`` and a message ``next``, and which (rows
+    ascending)."""
 
-    __slots__ = ("next_of", "next_rows", "prev_of", "prev_rows")
-
-    def __init__(self, prev_rows: np.ndarray, prev_of: np.ndarray, next_rows: np.ndarray, next_of: np.ndarray):
-        self.prev_rows, self.prev_of = prev_rows, prev_of
-        self.next_rows, self.next_of = next_rows, next_of
+    prev_rows: np.ndarray
+    prev_of: np.ndarray
+    next_rows: np.ndarray
+    next_of: np.ndarray
 
 
 def _build(snapshot: GraphSnapshot) -> TurnNeighbours:
@@ -53,9 +56,36 @@ def _build(snapshot: GraphSnapshot) -> TurnNeighbours:
     return TurnNeighbours(*pairs(snapshot.prev_index), *pairs(snapshot.next_index))
 
 
+def _updated(snapshot: GraphSnapshot, old: TurnNeighbours, change: StructureChange) -> TurnNeighbours | None:
+    """:func:`_build` of ``snapshot`` from the pairs of its parent structure: after an appended-only change that
+    rewrote no node's type, a pair of a row whose links did not move stands (both ends keep their type), so
+    only the rewritten, relinked and new rows are paired again. O(pairs) numpy; ``None`` otherwise."""
+    redo = changed_rows(change)
+    if redo is None or "type_code" in (change.changed_columns or ()):
+        return None
+    is_message = snapshot.type_code == MESSAGE_TYPE_CODE
+    redo = redo[is_message[redo]]
+    marked = np.zeros(snapshot.n, dtype=bool)
+    marked[redo] = True
+
+    def pairs(rows: np.ndarray, of: np.ndarray, neighbour: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        keep = ~marked[rows]
+        rows, of = rows[keep], of[keep]
+        fresh = redo[neighbour[redo] >= 0]
+        fresh = fresh[is_message[neighbour[fresh]]]
+        if not rows.size or not fresh.size or fresh[0] > rows[-1]:  # the usual turn: the changed rows are the last
+            return np.concatenate([rows, fresh]), np.concatenate([of, neighbour[fresh]])
+        at = np.searchsorted(rows, fresh)  # both ascending: the rows stay in order
+        return np.insert(rows, at, fresh), np.insert(of, at, neighbour[fresh])
+
+    return TurnNeighbours(*pairs(old.prev_rows, old.prev_of, snapshot.prev_index),
+                          *pairs(old.next_rows, old.next_of, snapshot.next_index))
+
+
 def turn_neighbours(snapshot: GraphSnapshot) -> TurnNeighbours:
-    """The snapshot's message-to-message chain pairs (cached per snapshot structure)."""
-    value, _ = cached(snapshot, ("turn-neighbours",), lambda: _build(snapshot))
+    """The snapshot's message-to-message chain pairs (cached per snapshot structure, updated after a write)."""
+    value, _ = cached(snapshot, ("turn-neighbours",), lambda: _build(snapshot),
+                      lambda old, change: _updated(snapshot, old, change), recipe=turn_neighbours)
     return value
 
 

@@ -51,10 +51,10 @@ from typing import Any
 
 import numpy as np
 
-from memory_recall.pipeline._graph_cache import cached
+from memory_recall.pipeline._graph_cache import cached, changed_rows
 from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import VisibilitySettings
-from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, StructureChange
 
 __all__ = ["CURRENT_TURN_KEY", "HIDDEN_MASK_KEY", "VisibilityStage", "current_turn_excluded", "visibility_hidden"]
 
@@ -95,8 +95,66 @@ def _visibility_index(snapshot: GraphSnapshot) -> _VisibilityIndex:
         allowed = {k: np.array(v, dtype=np.int64) for k, v in lists.items()}
         return _VisibilityIndex(eligible, restricted, allowed, message_index, message_floor)
 
-    value, _ = cached(snapshot, ("visibility", "index"), build)
+    value, _ = cached(snapshot, ("visibility", "index"), build,
+                      lambda old, change: _updated_index(snapshot, old, change), recipe=_visibility_index)
     return value
+
+
+#: More messages than this to place into a carried floor order: build the index instead.
+_MAX_MESSAGES_PLACED = 64
+
+
+def _updated_index(snapshot: GraphSnapshot, old: _VisibilityIndex, change: StructureChange) -> _VisibilityIndex | None:
+    """The index of ``snapshot`` from its parent structure's (:func:`_visibility_index` builds the same): after an
+    appended-only change the old rows keep their positions, so only the rewritten, relinked and new rows are
+    derived again — their eligibility and restriction set, the new ones' visibility names appended to the lists,
+    and the messages among them placed into the kept floor order by binary search (node-id ranks shift with new
+    ids but keep their order). O(n) copies in C plus O(changed rows · log n). ``None`` (build) for any other
+    change, when a rewritten node lists visibility names (they may have changed), or when too many messages
+    move."""
+    redo = changed_rows(change)
+    if redo is None:
+        return None
+    vis = snapshot.visibility
+    if any(p in vis for p in change.rewritten.tolist()):
+        return None
+    added = change.n_new - change.appended
+    eligible = np.concatenate([old.eligible, np.zeros(added, dtype=bool)])
+    eligible[redo] = ~snapshot.archived[redo] & ~np.isnan(snapshot.seq_end[redo])
+    eligible.flags.writeable = False
+    restricted = np.concatenate([old.restricted, np.zeros(added, dtype=bool)])
+    allowed = old.allowed
+    new_listed = [i for i in range(change.appended, change.n_new) if i in vis]
+    if new_listed:
+        restricted[new_listed] = True
+        lists = {name: list(rows) for name, rows in allowed.items()}
+        for i in new_listed:
+            for name in vis[i]:
+                lists.setdefault(name, []).append(i)
+        allowed = {k: np.array(v, dtype=np.int64) for k, v in lists.items()}
+    # The messages whose floor, type, archived flag or id rank may have changed leave the order and are placed again.
+    is_message = (snapshot.type_code[redo] == TYPE_CODE["message"]) & ~snapshot.archived[redo]
+    place = redo[is_message]
+    if place.size > _MAX_MESSAGES_PLACED:
+        return None
+    marked = np.zeros(snapshot.n, dtype=bool)
+    marked[redo] = True
+    keep = ~marked[old.message_index]
+    order, floors = old.message_index[keep], old.message_floor[keep]
+    if place.size:
+        rank = snapshot.id_rank
+        seq = snapshot.seq[place].astype(np.int64)
+        by_key = np.lexsort((rank[place], seq))
+        place, seq = place[by_key], seq[by_key]
+        order_rank = rank[order]
+        at = []
+        for i, s in zip(place.tolist(), seq.tolist(), strict=True):
+            lo, hi = int(np.searchsorted(floors, s, "left")), int(np.searchsorted(floors, s, "right"))
+            at.append(lo + int(np.searchsorted(order_rank[lo:hi], rank[i], "left")))
+        order = np.insert(order, np.asarray(at, dtype=np.int64), place)
+        floors = np.insert(floors, np.asarray(at, dtype=np.int64), seq)
+    order.flags.writeable = floors.flags.writeable = False
+    return _VisibilityIndex(eligible, restricted, allowed, order, floors)
 
 
 def _hidden_or_none(snapshot: GraphSnapshot, index: _VisibilityIndex, name: str) -> np.ndarray | None:

@@ -487,16 +487,20 @@ class JoinedStrings(_ValueSequence[str]):
 
 
 class SharedPrefix(_ValueSequence[Any]):
-    """The first ``n`` items of a list shared along a chain of appending deltas: a snapshot's string columns and
-    ids, as a tuple would hold them. :meth:`appended` extends the list in place when this is its longest view
-    (older views keep their length and never see the new items), so an append costs O(len(tail)) instead of a
-    copy of the column. Immutable as a sequence; equal to any sequence of the same items."""
+    """The first ``n`` items of a list shared along a chain of deltas, with the positions a delta rewrote held
+    apart (``overrides``, position → item): a snapshot's string columns and ids, as a tuple would hold them.
+    :meth:`appended` extends the list in place when this is its longest view (older views keep their length and
+    never see the new items) and :meth:`replaced` only copies the overrides, so a delta costs O(what it changed)
+    instead of a copy of the column — and leaves no young column-sized container for the garbage collector to
+    traverse (one such tuple of 100k strings costs the next recall milliseconds of collection). Immutable as a
+    sequence; equal to any sequence of the same items."""
 
-    __slots__ = ("_items", "_n")
+    __slots__ = ("_items", "_n", "_overrides")
 
-    def __init__(self, items: list[Any], n: int) -> None:
+    def __init__(self, items: list[Any], n: int, overrides: Mapping[int, Any] | None = None) -> None:
         self._items = items
         self._n = n
+        self._overrides: Mapping[int, Any] = overrides or {}
 
     @classmethod
     def of(cls, items: Iterable[Any]) -> SharedPrefix:
@@ -508,15 +512,22 @@ class SharedPrefix(_ValueSequence[Any]):
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return tuple(map(self._items.__getitem__, range(self._n)[i]))
+            return tuple(map(self.__getitem__, range(self._n)[i]))
         if i < 0:
             i += self._n
         if not 0 <= i < self._n:
             raise IndexError("SharedPrefix index out of range")
+        if self._overrides:
+            found = self._overrides.get(i, _MISSING)
+            if found is not _MISSING:
+                return found
         return self._items[i]
 
     def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(self._items, self._n)
+        if not self._overrides:
+            return itertools.islice(self._items, self._n)
+        get = self._overrides.get
+        return (get(i, v) for i, v in enumerate(itertools.islice(self._items, self._n)))
 
     def appended(self, tail: Iterable[Any]) -> SharedPrefix:
         """These items followed by ``tail``: written into the shared list when this is its longest view, else a
@@ -525,10 +536,27 @@ class SharedPrefix(_ValueSequence[Any]):
         with _SHARED_PREFIX_LOCK:
             if len(self._items) == self._n:
                 self._items.extend(tail)
-                return SharedPrefix(self._items, self._n + len(tail))
-        return SharedPrefix(self._items[: self._n] + tail, self._n + len(tail))
+                return SharedPrefix(self._items, self._n + len(tail), self._overrides)
+        return SharedPrefix(self._items[: self._n] + tail, self._n + len(tail), self._overrides)
+
+    def replaced(self, updates: Mapping[int, Any]) -> SharedPrefix:
+        """These items with the positions of ``updates`` (all below ``len(self)``) holding its values: the list
+        is shared and the overrides copied, until they pass :data:`MAX_SHARED_OVERRIDES` (then one copy of the
+        items with every override written in)."""
+        if not updates:
+            return self
+        merged = {**self._overrides, **updates}
+        if len(merged) <= MAX_SHARED_OVERRIDES:
+            return SharedPrefix(self._items, self._n, merged)
+        items = list(itertools.islice(self._items, self._n))
+        for i, v in merged.items():
+            items[i] = v
+        return SharedPrefix(items, self._n)
 
 
+#: Rewritten positions a :class:`SharedPrefix` holds apart before its items are copied with them written in.
+MAX_SHARED_OVERRIDES = 1024
+_MISSING = object()
 _SHARED_PREFIX_LOCK = threading.Lock()
 
 
@@ -766,17 +794,26 @@ class SnapshotDelta:
         )
 
 
+#: Buffers :meth:`_RowBuffer.holding` wrapped, by ``id`` of their memory (an entry leaves with its buffer, which
+#: holds the memory).
+_HELD: weakref.WeakValueDictionary[int, _RowBuffer] = weakref.WeakValueDictionary()
+_HELD_LOCK = threading.Lock()
+
+
+def spare_rows(n: int) -> int:
+    """Spare rows to allocate after ``n`` rows of a growing matrix: an eighth more, at least 256 (appends are
+    one message at a time)."""
+    return max(256, n // 8)
+
+
 class _RowBuffer:
     """A float32 matrix with spare rows, shared by the vector matrices of a chain of appending deltas: each
     snapshot's matrix is a leading view (``data[:n]``); an append writes the next rows in place and hands out a
     longer view, so the older snapshots (shorter views) never see them. Only the holder of the longest view may
     append (:meth:`appended`); any other caller copies."""
 
-    __slots__ = ("_lock", "_used", "data")
+    __slots__ = ("__weakref__", "_lock", "_used", "data")
 
-    #: Spare rows on (re)allocation: an eighth of the rows, at least 256 (appends are one message at a time).
-    _SPARE_FRACTION = 8
-    _SPARE_MIN = 256
 
     def __init__(self, data: np.ndarray, used: int) -> None:
         self.data = data
@@ -784,11 +821,27 @@ class _RowBuffer:
         self._lock = threading.Lock()
 
     @classmethod
+    def holding(cls, matrix: np.ndarray) -> _RowBuffer | None:
+        """The buffer ``matrix`` is the leading rows of, when it was allocated with spare rows after it (the
+        store's read of a chat's vectors), else ``None``."""
+        data = matrix.base
+        if not (isinstance(data, np.ndarray) and data.base is None and data.dtype == matrix.dtype == np.float32
+                and data.ndim == matrix.ndim == 2 and data.shape[1] == matrix.shape[1]
+                and data.shape[0] > matrix.shape[0] and data.flags.c_contiguous and matrix.flags.c_contiguous
+                and matrix.ctypes.data == data.ctypes.data):
+            return None
+        with _HELD_LOCK:  # one buffer object per memory: two snapshots built from one read share its rows' use
+            held = _HELD.get(id(data))
+            if held is None or held.data is not data:
+                held = _HELD[id(data)] = cls(data, matrix.shape[0])
+        return held
+
+    @classmethod
     def of(cls, matrix: np.ndarray, extra: int) -> _RowBuffer:
         """A buffer holding a copy of ``matrix`` followed by ``extra`` zero rows (its longest view: ``data[:n +
         extra]``), with spare rows after them."""
         n = matrix.shape[0]
-        data = np.empty((n + extra + max(cls._SPARE_MIN, n // cls._SPARE_FRACTION), matrix.shape[1]), np.float32)
+        data = np.empty((n + extra + spare_rows(n), matrix.shape[1]), np.float32)
         data[:n] = matrix
         data[n:n + extra] = 0.0
         return cls(data, n + extra)
@@ -1036,7 +1089,12 @@ class StructureChange:
     ``state_changed`` when the chat state (knowledge, regions, timeline, …) was written; ``edges_changed`` when
     an edge was written or deleted, or the edge horizon moved. ``appended_only`` when the delta deleted nothing,
     changed no kept edge and rewrote no node's archived flag or anchor terms (so ``remap`` is the identity, the
-    old active edges and anchor lists stand and only get appended to): what most writes of a chat turn do."""
+    old active edges and anchor lists stand and only get appended to): what most writes of a chat turn do.
+
+    For an ``appended_only`` change also: ``changed_columns``, the per-node arrays of the snapshot (``type_code``,
+    ``seq``, ``created_time``, …) whose value changed at some rewritten node, and ``relinked``, the kept nodes
+    whose ``prev_index`` or ``next_index`` changed (rewritten, or an old link that names a new node resolving now),
+    ascending. Any other change leaves them ``None``: nothing is known about the kept rows then."""
 
     n_old: int
     n_new: int
@@ -1046,6 +1104,8 @@ class StructureChange:
     state_changed: bool
     edges_changed: bool
     appended_only: bool = False
+    changed_columns: frozenset[str] | None = None
+    relinked: np.ndarray | None = None
 
     def carried(self) -> tuple[np.ndarray, np.ndarray]:
         """``(old, new)`` positions of the nodes whose rows are unchanged (kept and not rewritten)."""
@@ -1379,7 +1439,7 @@ def _build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     knowledge = _knowledge_arrays(source.knowledge, index, scope_owner_key, n)
     base = None
     if source.node_rids is not None and source.edge_rowids is not None:
-        base = _DeltaBase(source.node_rids, c, cols, source.edge_rowids)
+        base = _DeltaBase(source.node_rids, c, cols, source.edge_rowids, vectors=_RowBuffer.holding(emb))
     return GraphSnapshot(
         chat_id=source.chat_id,
         version=source.version,
@@ -1574,8 +1634,9 @@ def _positions(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
 
 def _merge_column(old: Any, take: np.ndarray | None, updates: dict[int, Any], added: Any) -> Any:
     """One index column after a delta: the kept rows of ``old`` (all when ``take`` is None), rows of ``updates``
-    (new position → value) replaced, then ``added`` appended. Arrays stay arrays (of the old dtype), others
-    become tuples."""
+    (new position → value) replaced, then ``added`` appended. Arrays stay arrays (of the old dtype); others
+    become a :class:`SharedPrefix` of the old items when no row moved (the rewritten rows held apart), else
+    tuples."""
     if isinstance(old, np.ndarray):
         if take is None and (not updates or _same_at(old, np.fromiter(updates, np.int64, len(updates)),
                                                      list(updates.values()))):
@@ -1587,7 +1648,10 @@ def _merge_column(old: Any, take: np.ndarray | None, updates: dict[int, Any], ad
         return out
     if take is None and all(old[i] == v for i, v in updates.items()):
         return _seq_appended(old, added)
-    kept_list = list(old) if take is None else list(map(old.__getitem__, take.tolist()))
+    if take is None:  # rows rewritten in place: held apart, the column's list shared
+        shared = old if isinstance(old, SharedPrefix) else SharedPrefix.of(old)
+        return shared.replaced(updates).appended(added)
+    kept_list = list(map(old.__getitem__, take.tolist()))
     for i, v in updates.items():
         kept_list[i] = v
     kept_list.extend(added)
@@ -1838,8 +1902,12 @@ def _merged(
         node_rids=rids, edge_rowids=edge_rowids, embeddings_normalised=has_vec,
     )
     new = None
+    changed_columns: frozenset[str] | None = None
+    relinked: np.ndarray | None = None
     if take is None and not e_upd.size and e_take.size == e_old.src.size:
-        new = _appended_snapshot(snap, source, pos_list, n_old, int(e_old.src.size), now_ms)
+        appended = _appended_snapshot(snap, source, pos_list, n_old, int(e_old.src.size), now_ms)
+        if appended is not None:
+            new, changed_columns, relinked = appended
     appended_only = new is not None
     if new is None:
         new = _build_snapshot(source, now_ms=now_ms)
@@ -1852,7 +1920,7 @@ def _merged(
         n_old=n_old, n_new=n, remap=remap, rewritten=np.array(sorted(pos_list), dtype=np.int64), appended=kept_n,
         state_changed=delta.state is not None,
         edges_changed=bool(delta.edge_rowids.size or delta.deleted_edges.size or now_ms >= snap.valid_until_ms),
-        appended_only=appended_only,
+        appended_only=appended_only, changed_columns=changed_columns, relinked=relinked,
     )
     snap.structure.release_parent()  # its caches were updated from the parent's already, or never will be
     new = dataclasses.replace(
@@ -1986,13 +2054,15 @@ def _zero_free(m: sp.csr_matrix) -> bool:
 
 def _appended_snapshot(
     snap: GraphSnapshot, source: SnapshotSource, rewritten: list[int], n_old: int, e_old: int, now_ms: int
-) -> GraphSnapshot | None:
+) -> tuple[GraphSnapshot, frozenset[str], np.ndarray] | None:
     """:func:`_build_snapshot` of ``source`` for a delta that deleted nothing, appended nodes (from ``n_old`` on)
     and edges (from ``e_old`` on), rewrote the nodes at ``rewritten`` in place and changed no kept edge, derived
     from ``snap``'s arrays: only the changed rows are computed, the rest is shared or copied in C. ``None`` when
     the delta changes what the old rows derive (an archived flag or anchor terms rewritten, the edge horizon
     passed, a visibility list appearing or vanishing on a rewritten node): build then. Equal to the build, array
-    by array (the incremental property tests check it)."""
+    by array (the incremental property tests check it). With the snapshot: the per-node arrays whose value
+    changed at a rewritten row, and the old rows whose prev/next index changed
+    (:attr:`StructureChange.changed_columns`, :attr:`StructureChange.relinked`)."""
     if not (snap.built_at_ms <= now_ms < snap.valid_until_ms):
         return None
     assert isinstance(source.node_index, NodeIndexTable)
@@ -2017,9 +2087,13 @@ def _appended_snapshot(
         return None
 
     arrays: dict[str, np.ndarray] = {}
+    changed_columns: set[str] = set()
     for name, v in vals.items():
         old = snap.importance if name == "importance" else getattr(snap, name)
-        if name not in ("prev_index", "next_index") and _same_at(old, rw_at, v[:n_rw]):
+        same = _same_at(old, rw_at, v[:n_rw])
+        if not same:
+            changed_columns.add(name)
+        if name not in ("prev_index", "next_index") and same:
             arrays[name] = appended_rows(old, v[n_rw:])  # shared with the parent: written no further below
             continue
         out = np.concatenate([old, v[n_rw:]])
@@ -2126,7 +2200,9 @@ def _appended_snapshot(
     moved = np.zeros(n, dtype=bool)
     moved[rw_at] = True
     moved[n_old:] = True
-    moved[:n_old] |= (prev_index[:n_old] != snap.prev_index) | (next_index[:n_old] != snap.next_index)
+    links_moved = (prev_index[:n_old] != snap.prev_index) | (next_index[:n_old] != snap.next_index)
+    relinked = np.flatnonzero(links_moved)
+    moved[:n_old] |= links_moved
     nn = max(n, 1)
     old_pairs = snap.temporal_pairs
     stay = ~(moved[old_pairs[:, 0]] | moved[old_pairs[:, 1]]) if old_pairs.size else np.zeros(0, bool)
@@ -2154,7 +2230,7 @@ def _appended_snapshot(
     assert source.node_rids is not None and source.edge_rowids is not None
     base = _DeltaBase(source.node_rids, c, cols, source.edge_rowids, dangling)
     assert source.embeddings_normalised is not None
-    return GraphSnapshot(
+    new = GraphSnapshot(
         chat_id=source.chat_id, version=source.version, model_id=source.model_id, ids=ids, index=index,
         id_rank=id_rank, type_code=arrays["type_code"], archived=archived, seq=arrays["seq"],
         seq_start=arrays["seq_start"], seq_end=arrays["seq_end"], stats=NodeStats(arrays["importance"]),
@@ -2174,6 +2250,7 @@ def _appended_snapshot(
         summaries=source.summaries, history=source.history, journal=tuple(source.journal), built_at_ms=now_ms,
         structure=SnapshotStructure(source.version, base), _node_json=source.node_json,
     )
+    return new, frozenset(changed_columns), relinked
 
 
 def _knowledge_extended(

@@ -103,6 +103,7 @@ from memory_recall.store.snapshot import (
     compress_text,
     gc_paused,
     node_index,
+    spare_rows,
 )
 from memory_recall.text.stem import STEM_METHODS
 from memory_recall.text.tokenize import (
@@ -1361,7 +1362,8 @@ class StoreReader:
 
     def _snapshot_vectors(self, chat_id: str, model_id: str, node_ids: list[str]) -> np.ndarray:
         """The (n × d) float32 matrix of the chat's ``model_id`` vectors in ``node_ids`` order (zero rows where a
-        node has none; ``zeros((0, 0))`` when no node has one), filled chunk by chunk."""
+        node has none; ``zeros((0, 0))`` when no node has one), filled chunk by chunk: the leading rows of a
+        buffer with spare rows after them."""
         conn = self._conn
         first = conn.execute(
             "SELECT dim FROM embeddings WHERE chat_id = ? AND model_id = ? LIMIT 1", (chat_id, model_id)
@@ -1370,7 +1372,9 @@ class StoreReader:
         if not d:
             return np.zeros((0, 0), dtype=np.float32)
         n = len(node_ids)
-        matrix = np.zeros((n, d), dtype=np.float32)
+        # Spare rows after the matrix (zero pages the system maps only when written): the snapshot's first
+        # appending delta writes the new nodes' rows there instead of copying the matrix (``spare_rows``).
+        matrix = np.zeros((n + spare_rows(n), d), dtype=np.float32)[:n]
         position = dict(zip(node_ids, range(n), strict=True))
         # The chat's vectors in storage order, placed by node id: no join with the nodes table (a third of the
         # read's time at 100k nodes); a vector whose node is not in the chat is ignored, as the join did.

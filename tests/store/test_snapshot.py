@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from memory_recall.model import (
     Edge,
@@ -15,7 +16,9 @@ from memory_recall.model import (
 )
 from memory_recall.store import Store
 from memory_recall.store.snapshot import (
+    MAX_SHARED_OVERRIDES,
     NodeIndex,
+    SharedPrefix,
     SnapshotCache,
     build_snapshot,
     node_index,
@@ -159,3 +162,30 @@ class TestCache:
             assert rebuilt is not expired and rebuilt.version > expired.version and rebuilt.n == 8
             cache.invalidate("c")
             assert cache.get(store, "c", "", now_ms=600) is not rebuilt
+
+
+class TestSharedPrefix:
+    """The string columns a delta rewrites in place: shared items, the rewritten positions held apart."""
+
+    def test_rewritten_positions_are_held_apart_and_the_parent_unchanged(self) -> None:
+        parent = SharedPrefix.of(["a", "b", "c"])
+        child = parent.replaced({1: "B"}).appended(["d"])
+        assert list(child) == ["a", "B", "c", "d"] and tuple(child) == ("a", "B", "c", "d")
+        assert [child[i] for i in range(4)] == ["a", "B", "c", "d"] and child[-3] == "B" and child[1:3] == ("B", "c")
+        assert list(parent) == ["a", "b", "c"] and parent[1] == "b"
+        assert child._items is parent._items  # shared: the rewrite copied no item
+        grandchild = child.replaced({0: "A", 1: "b2"})
+        assert list(grandchild) == ["A", "b2", "c", "d"] and list(child) == ["a", "B", "c", "d"]
+        assert child == ("a", "B", "c", "d") and grandchild != child
+        with pytest.raises(IndexError):
+            child[4]
+
+    def test_too_many_overrides_are_written_into_a_copy(self) -> None:
+        items = [f"x{i}" for i in range(MAX_SHARED_OVERRIDES + 10)]
+        base = SharedPrefix.of(items)
+        near = base.replaced({i: f"y{i}" for i in range(MAX_SHARED_OVERRIDES)})
+        assert near._items is base._items and len(near._overrides) == MAX_SHARED_OVERRIDES
+        over = near.replaced({MAX_SHARED_OVERRIDES: "z"})
+        assert over._items is not base._items and not over._overrides
+        expected = [f"y{i}" for i in range(MAX_SHARED_OVERRIDES)] + ["z"] + items[MAX_SHARED_OVERRIDES + 1:]
+        assert list(over) == expected and list(base) == items

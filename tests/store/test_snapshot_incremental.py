@@ -10,6 +10,7 @@ import gc
 import shutil
 import weakref
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,9 @@ from memory_recall.model.graph import Edge, Node
 from memory_recall.model.state import KnowledgeOwner, KnowledgeState
 from memory_recall.pipeline import _graph_cache, anchors, owners, scoring
 from memory_recall.pipeline.result import json_dumps
-from memory_recall.pipeline.retrieve import retrieve
+from memory_recall.pipeline.retrieve import prepare_snapshot, retrieve
 from memory_recall.pipeline.state import Providers, RecallQuery
-from memory_recall.settings import RecallSettings
+from memory_recall.settings import RecallSettings, load_settings
 from memory_recall.store import Store
 from memory_recall.store import snapshot as snapshot_module
 from memory_recall.store.snapshot import (
@@ -42,8 +43,10 @@ MODEL = "test-model"
 NOW = 1_700_000_000_000
 DIM = bench.DIM
 SETTINGS = RecallSettings(profile="app")
-OPS = ("message", "edit", "archive", "delete", "edge", "edge-edit", "edge-delete", "reinforce", "reinforce-carry",
-       "vector", "vector-delete", "knowledge", "empty", "time")
+#: The default profile too: its stages read per-structure values the app profile does not (turn context, time cues).
+PROFILES = (SETTINGS, load_settings(profile="default"))
+OPS = ("message", "turn", "turn", "edit", "archive", "delete", "edge", "edge-edit", "edge-delete", "reinforce",
+       "reinforce-carry", "vector", "vector-delete", "knowledge", "empty", "time")
 
 
 def _vector(rng: np.random.Generator) -> np.ndarray:
@@ -111,7 +114,11 @@ def _differences(a: GraphSnapshot, b: GraphSnapshot) -> list[str]:
 #: first element of their key: after a recall, each must equal the fresh build's exactly. Fields filled on use
 #: (memo tables, the diffusion adjacency's ``derived`` notes for its own updates) are left out. (The result's
 #: per-structure core order holds the order of the structure's first overlay, so it is compared in test_result.)
-_UPDATED_CACHES = ("anchors", "scoring-arrays", "diffusion-adjacency", "cross-recall-cooccurrence-eligible")
+_UPDATED_CACHES = ("anchors", "scoring-arrays", "diffusion-adjacency", "cross-recall-cooccurrence-eligible",
+                   "turn-neighbours", "visibility", "context", "time-cue-span")
+#: Of those, the ones a recall makes only on some graphs (the time cue reads the chat's years only when a message
+#: node is a candidate): compared when both structures hold them.
+_UPDATED_WHEN_USED = frozenset({"time-cue-span"})
 #: Carried memo tables (filled on use, so compared entry by entry with what a fresh build prepares).
 _CARRIED_TABLES = (("lexical-fields",),)
 _MEMO_FIELDS = frozenset({"labels", "temporal_memo", "derived"})
@@ -126,12 +133,16 @@ def _updated_keys(snap: GraphSnapshot) -> list[Any]:
 
 def _cache_differences(a: GraphSnapshot, b: GraphSnapshot) -> list[str]:
     """Keys of :data:`_UPDATED_CACHES` whose values differ between the two snapshots' structures (a recall on
-    each ran first; both must hold the same keys)."""
-    keys = _updated_keys(a)
-    if keys != _updated_keys(b):
+    each ran first; both must hold the same keys, once ``b`` has the values prepare derived for ``a``)."""
+    # Values prepare derived that the recall did not read: made for the fresh build by the same accessor.
+    for key in set(_updated_keys(a)) - set(_updated_keys(b)):
+        _graph_cache._RECIPES[a.structure][key](b)
+    keys = sorted(_updated_keys(a), key=repr)  # in the order each was made: prepare may have derived some first
+    if keys != sorted(_updated_keys(b), key=repr):
         return [f"keys {keys} != {_updated_keys(b)}"]
     held = {k[0] if isinstance(k, tuple) else k for k in keys}
-    out = [f"no {name} cache" for name in _UPDATED_CACHES if name not in held]  # the recall must have made each
+    out = [f"no {name} cache" for name in _UPDATED_CACHES  # the recall must have made each
+           if name not in held and name not in _UPDATED_WHEN_USED]
     for key in keys:
         x = _graph_cache._CACHE[a.structure][key]
         y = _graph_cache._CACHE[b.structure][key]
@@ -149,6 +160,28 @@ def _cache_differences(a: GraphSnapshot, b: GraphSnapshot) -> list[str]:
     return out
 
 
+#: Per-node arrays a delta recomputes at the rewritten rows (what StructureChange.changed_columns names).
+_ROW_COLUMNS = ("type_code", "archived", "seq", "seq_start", "seq_end", "importance", "created_time", "is_pov",
+                "owner_type_code", "scope_owner_key", "tense_code", "has_story_label", "has_span_label",
+                "prev_index", "next_index")
+#: Values an appended-only turn (chat state untouched, no node changing its type) derives rather than leaves.
+_TURN_UPDATED = (("turn-neighbours",), ("visibility", "index"), ("context", "owner-index"), ("time-cue-span",),
+                 ("stats", ("result-core-order",)), ("stats", ("result-node-dumps",)))
+
+
+def _change_rows(old: GraphSnapshot, new: GraphSnapshot) -> tuple[frozenset[str], list[int]]:
+    """What an appended-only change must report, from the two snapshots' arrays: the columns that differ at a
+    rewritten row, and the old rows whose prev/next index moved."""
+    rw = new.structure.change.rewritten
+    changed = frozenset(
+        name for name in _ROW_COLUMNS
+        if not exactly_equal(getattr(old, name)[rw], getattr(new, name)[rw])
+    )
+    n = old.n
+    moved = (old.prev_index != new.prev_index[:n]) | (old.next_index != new.next_index[:n])
+    return changed, np.flatnonzero(moved).tolist()
+
+
 def _recall(snap: GraphSnapshot, store: Store, k: int) -> str:
     query = RecallQuery(
         user_message=("the dragon by the river", "a lantern in the tower", "Erin at the harbor")[k % 3],
@@ -157,8 +190,8 @@ def _recall(snap: GraphSnapshot, store: Store, k: int) -> str:
         active_owner_keys=("character:erin",),
     )
     providers = Providers(embedder=bench._PassThroughEmbedder(MODEL, {}),
-                          lexical_index=lambda terms, limit: store.bm25(CHAT, terms, limit))
-    return json_dumps(retrieve(snap, query, SETTINGS, providers))
+                          lexical_index=partial(store.bm25, CHAT))
+    return "\n".join(json_dumps(retrieve(snap, query, settings, providers)) for settings in PROFILES)
 
 
 class _World:
@@ -191,6 +224,27 @@ class _World:
                     w.upsert_edges([Edge(id=f"m{i}", from_id=node.id, to_id=ids[int(rng.integers(len(ids)))],
                                          strength=0.6)])
                 w.put_embeddings(MODEL, {node.id: _vector(rng)})
+            return "delta"
+        if op == "turn":  # a chat turn: a message node chained to the last one, as ingestion writes it
+            i, self.next_node = self.next_node, self.next_node + 1
+            turns = sorted((n for n in self.store.get_nodes(CHAT) if n.type == "message" and n.id.startswith("t")),
+                           key=lambda n: n.seq)
+            last = turns[-1] if turns else None
+            floor = i if last is None or rng.integers(3) else last.seq  # sometimes on the floor of the last turn
+            node = Node(id=f"t{i:03d}", type="message", seq=floor, seq_range=(floor, floor),
+                        prev_id=last.id if last else None,
+                        created_time=NOW + int(rng.integers(-10**11, 10**11)),
+                        fields={"text": f"the lantern at the harbor, turn {i}", "speaker": "Erin"})
+            named = last is not None and bool(rng.integers(2))
+            if named:  # the old turn names the new one before it exists: the link resolves when it comes
+                assert last is not None
+                with self.store.write(CHAT) as w:
+                    w.upsert_nodes([last.model_copy(update={"next_id": node.id})])
+                self.cache.get(self.store, CHAT, MODEL, now_ms=self.now)
+            with self.store.write(CHAT) as w:
+                if last is not None and not named:
+                    w.upsert_nodes([last.model_copy(update={"next_id": node.id})])
+                w.upsert_nodes([node])
             return "delta"
         if op in ("edit", "archive"):
             old = self.store.get_node(CHAT, pick)
@@ -275,6 +329,30 @@ def test_incremental_snapshot_equals_a_fresh_build(seeded: Path, tmp_path_factor
                                                    steps: list[tuple[str, int]]) -> None:
     path = tmp_path_factory.mktemp("ex") / "store.sqlite3"
     shutil.copyfile(seeded, path)
+    _check_steps(path, steps)
+
+
+#: A chat's turns, some named by the turn before them ahead of time, among other writes.
+_CHAT_TURNS = [("turn", 1), ("turn", 2), ("turn", 3), ("turn", 4), ("edit", 5), ("turn", 6), ("turn", 7),
+               ("knowledge", 8), ("turn", 9), ("reinforce-carry", 10), ("turn", 11), ("delete", 12), ("turn", 13),
+               ("turn", 14)]
+
+
+def test_chat_turns_update_each_per_structure_value(seeded: Path, tmp_path: Path) -> None:
+    """The turn values (message pairs, visibility index, owner index, time span, core order) are derived after
+    each turn and equal the fresh build's, the message pairs growing with the chat."""
+    path = tmp_path / "store.sqlite3"
+    shutil.copyfile(seeded, path)
+    last = _check_steps(path, _CHAT_TURNS)
+    pairs = _graph_cache._CACHE[last.structure][("turn-neighbours",)]
+    turns = sorted((i for i in range(last.n) if last.ids[i].startswith("t")), key=lambda i: last.ids[i])
+    assert pairs.prev_rows.tolist() == turns[1:] and pairs.prev_of.tolist() == turns[:-1]
+    assert pairs.next_rows.tolist() == turns[:-1] and pairs.next_of.tolist() == turns[1:]
+
+
+def _check_steps(path: Path, steps: list[tuple[str, int]]) -> GraphSnapshot:
+    """Apply ``steps`` to the store at ``path``, checking after each that the cache's snapshot, its recalls and its
+    updated per-structure values equal a fresh build's. Returns the last snapshot."""
     with Store(path) as store:
         w = _World(store, SnapshotCache())
         first = w.cache.get(store, CHAT, MODEL, now_ms=w.now)
@@ -287,6 +365,15 @@ def test_incremental_snapshot_equals_a_fresh_build(seeded: Path, tmp_path_factor
             fresh = build_snapshot(store.snapshot_source(CHAT, MODEL), now_ms=w.now)
             assert snap.version == fresh.version == store.chat_version(CHAT)
             assert _differences(snap, fresh) == [], (op, seed)
+            change = snap.structure.change
+            if snap.structure is not previous.structure and change is not None and change.appended_only:
+                assert _change_rows(previous, snap) == (change.changed_columns, change.relinked.tolist()), (op, seed)
+                # Before the recall, as a chat event does: the values updated after a turn are derived, not left.
+                parent = snap.structure.parent  # previous's, or an unrecalled one between (a "turn" in two writes)
+                parent_keys = set(_graph_cache._CACHE.get(parent, ())) if parent is not None else set()
+                prepared = set(prepare_snapshot(snap))
+                if not change.state_changed and "type_code" not in change.changed_columns:
+                    assert {k for k in _TURN_UPDATED if k in parent_keys} <= prepared, (op, seed)
             # The recall on the updated snapshot (per-structure caches updated from the parent's, which the
             # previous step's recall filled) equals the recall on the fresh build (every cache built anew).
             assert _recall(snap, store, seed) == _recall(fresh, store, seed), (op, seed)
@@ -301,6 +388,7 @@ def test_incremental_snapshot_equals_a_fresh_build(seeded: Path, tmp_path_factor
             else:
                 assert how in ("delta", "stats", "cached"), (op, how)
             previous = snap
+        return previous
 
 
 def test_a_new_message_is_a_delta_and_recalls_equal(world: _World) -> None:
@@ -472,3 +560,32 @@ def test_appended_rows_share_the_buffer_and_never_write_over_an_array() -> None:
     matrix = snapshot_module.appended_rows(np.zeros((2, 3), np.int32), np.ones((1, 3), np.int32))
     assert matrix.shape == (3, 3) and matrix.dtype == np.int32 and matrix.tobytes() == np.concatenate(
         [np.zeros((2, 3), np.int32), np.ones((1, 3), np.int32)]).tobytes()
+
+
+def test_the_first_append_after_a_read_writes_into_the_spare_rows(world: _World) -> None:
+    """The store reads a chat's vectors into a matrix with spare rows after it, so the first new message after a
+    build does not copy the matrix (at 100k nodes that copy was half a second): the new rows go into the spare
+    ones, the built snapshot keeps its shorter view and its bytes, and a second snapshot built from the same read
+    does not append into the same rows."""
+    first = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert world.cache.last_update[CHAT] == "rebuild"
+    buffer = first.embeddings.base
+    assert buffer is not None and buffer.shape[0] == first.n + snapshot_module.spare_rows(first.n)
+    before = first.embeddings.copy()
+    world.apply("message", 21)
+    new = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert world.cache.last_update[CHAT] == "delta" and new.n == first.n + 1
+    assert new.embeddings.base is buffer and np.shares_memory(new.embeddings, first.embeddings)
+    assert first.embeddings.tobytes() == before.tobytes() and new.embeddings[: first.n].tobytes() == before.tobytes()
+    assert _differences(new, build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)) == []
+    # Two snapshots of one read: the second to append gets a copy, the first's rows stay as written.
+    source = world.store.snapshot_source(CHAT, MODEL)
+    a, b = build_snapshot(source, now_ms=NOW), build_snapshot(source, now_ms=NOW)
+    world.apply("message", 22)
+    delta = world.store.snapshot_delta(CHAT, MODEL, a.version)
+    assert delta is not None
+    child_a, child_b = apply_delta(a, delta, now_ms=NOW), apply_delta(b, delta, now_ms=NOW)
+    assert child_a is not None and child_b is not None
+    assert child_a.embeddings.base is a.embeddings.base and child_b.embeddings.base is not a.embeddings.base
+    assert child_a.embeddings.tobytes() == child_b.embeddings.tobytes()
+    assert a.embeddings.tobytes() == b.embeddings.tobytes() == child_a.embeddings[: a.n].tobytes()
