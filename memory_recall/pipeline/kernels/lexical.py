@@ -630,12 +630,14 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def _grown(arr: np.ndarray, used: int, extra: int, *, copy: bool = False) -> np.ndarray:
     """``arr`` if it has room for ``used + extra`` rows (and ``copy`` is False), else a larger copy of its first
-    ``used`` rows (at least doubled, so appending is amortised O(1) per row). Never changes ``arr``'s existing
-    rows."""
+    ``used`` rows (room for twice ``used + extra``, so appending is amortised O(1) per row). Never changes
+    ``arr``'s existing rows."""
     need = used + extra
     if need <= arr.shape[0] and not copy:
         return arr
-    out = np.zeros((max(need, 2 * arr.shape[0], 256), *arr.shape[1:]), dtype=arr.dtype)
+    # Sized from the rows in use, not from ``arr``'s capacity: a copy of a shared buffer sized from its capacity
+    # would double the capacity on every copy, and tables remapped from one another copy again and again.
+    out = np.zeros((max(2 * need, 256), *arr.shape[1:]), dtype=arr.dtype)
     out[:used] = arr[:used]
     return out
 

@@ -424,6 +424,26 @@ class TestPackedFieldTable:
             expected = [0.0 if graph[k] is None else prepared_lexical_score(graph[k], srcs) for k in idx.tolist()]
             assert got.tolist() == expected
 
+    def test_repeated_copies_keep_the_buffers_proportional_to_their_rows(self) -> None:
+        """A table that packs after every remap copies its rows each time (it no longer owns them): each copy is
+        sized from the rows in use, so the buffers stay within twice them however often it happens (sized from
+        the shared buffer's capacity they doubled on every copy)."""
+        prepared = [prepare_node([f"name {i}"], [f"the tower number {i}", "the river"]) for i in range(60)]
+        srcs = prepare_sources(["the tower by the river"])
+        table = PackedFieldTable(60, max_nodes=1000)
+        table.scores(np.array([0]), srcs, prepared.__getitem__)
+        for i in range(1, 60):
+            child = table.remapped(60, np.arange(60))
+            assert not table._owns
+            table.scores(np.array([i]), srcs, prepared.__getitem__)
+            for buf, used in ((table._nodes, table._n_slots), (table._fields, table._n_fields),
+                              (table._units, table._n_units)):
+                assert buf.shape[0] <= max(256, 2 * used)
+            assert child.keys() == list(range(i))  # the child kept its rows
+        assert table.keys() == list(range(60))
+        assert table.scores(np.arange(60), srcs, prepared.__getitem__).tolist() == [
+            prepared_lexical_score(p, srcs) for p in prepared]
+
     def test_remapped_shares_the_rows_and_the_parent_copies_before_it_packs(self) -> None:
         prepared = [prepare_node(["Alice"], ["the bell tower"]), prepare_node(["Bob"], ["the river"]), None]
         srcs = prepare_sources(["alice at the tower"])
