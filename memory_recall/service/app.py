@@ -90,7 +90,6 @@ from pydantic import BeforeValidator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from memory_recall.allocator import tune_allocator
 from memory_recall.blas import pin_single_thread
 from memory_recall.controller import ChatEventReport, RecallController, RecallRequest, RecallResponse, RecordStatus
 from memory_recall.errors import (
@@ -1000,8 +999,7 @@ def serve(
     ``service.token_file``. Once the token and the bind address are accepted, logging is configured
     (:func:`log_config`) and a token file or an existing store file that group or others may access gets a
     warning (:func:`~memory_recall.service.auth.warn_if_shared`; the store keeps their modes). The connections get
-    the deadlines of :func:`~memory_recall.service.connections.server_options`, and glibc's mmap threshold is fixed
-    (:func:`~memory_recall.allocator.tune_allocator`). Raises :class:`ConfigError` (one
+    the deadlines of :func:`~memory_recall.service.connections.server_options`. Raises :class:`ConfigError` (one
     line, before binding) for a non-loopback host without a token, an unusable token file or provider
     configuration.
     """
@@ -1036,7 +1034,6 @@ def serve(
     embedder = make_embedder(settings.embedding)
     llm = make_llm(settings.llm) if settings.rerank.enabled else None
     app = create_app(settings, embedder=embedder, llm=llm)
-    tune_allocator()  # flat memory under writes (memory_recall.allocator); process-wide, so only here
     uvicorn.run(
         app,
         host=service.host,
