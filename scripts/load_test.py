@@ -22,7 +22,9 @@ Usage::
    Every answer is validated; a non-2xx answer, a timeout (``--timeout``), a transport error or an
    invalid body is an error.
 4. **Memory.** The service's RSS (``/proc/<pid>/status``) is sampled every ``--sample-s`` seconds from start
-   to end; "growth after warm-up" compares the last sample with the first sample of the load's second half.
+   to end; "growth after warm-up" compares the last sample with the first sample of the load's second half. Its
+   anonymous part is sampled too: the file-backed rest is mostly the embedding model's mapped file, whose pages
+   come in as new texts reach more of its vocabulary (bounded by the file, and reclaimable by the system).
 
 Prints a table (count, errors, p50/p95/p99/max latency per kind, throughput) and the RSS samples; ``--out``
 writes everything as JSON.
@@ -208,12 +210,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def rss_parts_mb(pid: int) -> tuple[float, float, float]:
+    """Resident set size of ``pid`` in MiB (Linux ``/proc``): ``(total, anonymous, file-backed)``. The file-backed
+    part is mostly the local embedding model, mapped from its file: its pages come in as texts use more of the
+    vocabulary (up to the file's size), and the system can drop them at any time; memory the service allocates
+    is anonymous."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile"):
+            fields[key] = round(int(value.split()[0]) / 1024, 1)
+    if "VmRSS" not in fields:
+        raise RuntimeError(f"no VmRSS for pid {pid}")
+    return fields["VmRSS"], fields.get("RssAnon", fields["VmRSS"]), fields.get("RssFile", 0.0)
+
+
 def rss_mb(pid: int) -> float:
     """Resident set size of ``pid`` in MiB (Linux ``/proc``)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    return rss_parts_mb(pid)[0]
 
 
 def cpu_s(pid: int) -> float:
@@ -264,18 +278,22 @@ class Service:
 
 
 class RssSampler(threading.Thread):
-    """Samples the service's RSS every ``period`` seconds as ``(seconds since start, MiB)``."""
+    """Samples the service's RSS every ``period`` seconds as ``(seconds since start, MiB)``, and its anonymous
+    part the same way in ``anon``."""
 
     def __init__(self, pid: int, period: float) -> None:
         super().__init__(daemon=True)
         self.pid, self.period = pid, period
         self.samples: list[tuple[float, float]] = []
+        self.anon: list[tuple[float, float]] = []
         self.t0 = time.perf_counter()
         self._halt = threading.Event()
 
     def sample(self) -> float:
-        mb = rss_mb(self.pid)
-        self.samples.append((round(time.perf_counter() - self.t0, 1), mb))
+        mb, anon, _ = rss_parts_mb(self.pid)
+        t = round(time.perf_counter() - self.t0, 1)
+        self.samples.append((t, mb))
+        self.anon.append((t, anon))
         return mb
 
     def run(self) -> None:
@@ -483,6 +501,7 @@ def run_load(
         shutil.rmtree(run_dir, ignore_errors=True)
     during = [mb for t, mb in sampler.samples if t > load_t0]
     second_half = [mb for t, mb in sampler.samples if t > load_t0 + seconds / 2]
+    anon_second_half = [mb for t, mb in sampler.anon if t > load_t0 + seconds / 2]
     kinds = {}
     for k in KINDS:
         ok = res.latencies[k]
@@ -503,6 +522,10 @@ def run_load(
             "end": rss_end, "second_half_first": second_half[0] if second_half else None,
             "growth_second_half": round(rss_end - second_half[0], 1) if second_half else None,
             "samples": sampler.samples,
+            "anon_growth_second_half": (
+                round(sampler.anon[-1][1] - anon_second_half[0], 1) if anon_second_half else None
+            ),
+            "anon_samples": sampler.anon,
         },
         "clean_shutdown": clean_shutdown,
         "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
@@ -566,6 +589,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"service RSS MiB: ready {rss['ready']}, after warm-up {rss['after_warmup']}, max during "
           f"{rss['max_during']}, end {rss['end']}, growth over the second half {rss['growth_second_half']}")
     print("RSS samples (s, MiB):", " ".join(f"{t:g}:{mb:g}" for t, mb in rss["samples"]))
+    print(f"anonymous RSS (without the mapped model file) growth over the second half "
+          f"{rss['anon_growth_second_half']}; samples:", " ".join(f"{t:g}:{mb:g}" for t, mb in rss["anon_samples"]))
     print(f"service CPU during the load: {out['service_cpu_s']} s; recall status {out['recall_status']}, "
           f"source {out['recall_source']}; retrieval {out['retrieval_status']}")
     for k, v in out["kinds"].items():

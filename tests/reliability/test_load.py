@@ -26,6 +26,8 @@ def test_mixed_load_has_no_errors(tmp_path: Path) -> None:
     assert out["retrieval_status"] == {"ok": recalls}
     rss = out["rss_mb"]
     assert len(rss["samples"]) >= 5 and all(mb > 0 for _, mb in rss["samples"])
+    assert [t for t, _ in rss["anon_samples"]] == [t for t, _ in rss["samples"]]
+    assert all(0 < anon <= mb for (_, anon), (_, mb) in zip(rss["anon_samples"], rss["samples"], strict=True))
     assert out["clean_shutdown"]
 
 
