@@ -1868,12 +1868,16 @@ def _merged(
     if grown is not None:
         emb = grown
         has_vec = appended_rows(snap.has_vector, np.zeros(n - kept_n, bool))
+    elif snap.dim and dim and take is None:
+        # Kept rows rewritten (the background embedding of the last turn's nodes): one copy, with spare rows, so
+        # the next turn's append goes into them instead of copying the matrix again.
+        buffer = _RowBuffer.of(snap.embeddings, n - kept_n)
+        emb = buffer.data[:n]
+        has_vec = np.concatenate([snap.has_vector, np.zeros(n - kept_n, bool)])  # its kept rows are written below
     elif snap.dim and dim:  # one pass: the kept rows and zero rows for the new nodes
         buffer = None
-        emb = np.concatenate([snap.embeddings if take is None else snap.embeddings[take],
-                              np.zeros((n - kept_n, dim), np.float32)])
-        has_vec = np.concatenate([snap.has_vector if take is None else snap.has_vector[take],
-                                  np.zeros(n - kept_n, bool)])
+        emb = np.concatenate([snap.embeddings[take], np.zeros((n - kept_n, dim), np.float32)])
+        has_vec = np.concatenate([snap.has_vector[take], np.zeros(n - kept_n, bool)])
     else:
         buffer = None
         emb = np.zeros((n, dim), np.float32)

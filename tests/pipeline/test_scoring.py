@@ -1484,8 +1484,9 @@ class TestRescueSampleCarried:
                 served.append(rows is first)
                 snap, first = child, rows
             # The vector memory is shared except where the delta copies the matrix: the rewrite of an old vector
-            # (step 3) and the append after it (the copy left no buffer to grow). The first delta after the build
-            # appends into the spare rows the store's read allocated. Where it is shared, the kept sample is served
-            # as is unless the sample takes a new row: at step 0 the 41st node (in the mask) is on the stride.
-            assert reused == [True, True, True, False, False, True]
-            assert [s for s, r in zip(served, reused, strict=True) if r] == [False, True, True, True]
+            # (step 3). That copy has spare rows, so the append after it grows it in place, as the first delta after
+            # the build appends into the spare rows the store's read allocated. Where it is shared, the kept sample
+            # is served as is unless the sample takes a new row: at steps 0 and 4 the newest node, in the mask, is
+            # among the sampled rows.
+            assert reused == [True, True, True, False, True, True]
+            assert [s for s, r in zip(served, reused, strict=True) if r] == [False, True, True, False, True]
