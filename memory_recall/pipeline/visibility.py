@@ -78,21 +78,27 @@ class _VisibilityIndex:
     message_floor: np.ndarray  # their floors (``seq``), ascending (read-only)
 
 
+def _visibility_lists(snapshot: GraphSnapshot) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Which nodes carry ``fields.visibility`` ((n,) bool) and, per name, the nodes listing it (in the order of
+    ``snapshot.visibility``)."""
+    restricted = np.zeros(snapshot.n, dtype=bool)
+    lists: dict[str, list[int]] = {}
+    for i, names in snapshot.visibility.items():
+        restricted[i] = True
+        for name in names:
+            lists.setdefault(name, []).append(i)
+    return restricted, {k: np.array(v, dtype=np.int64) for k, v in lists.items()}
+
+
 def _visibility_index(snapshot: GraphSnapshot) -> _VisibilityIndex:
     def build() -> _VisibilityIndex:
         eligible = ~snapshot.archived & snapshot.finite_range
         eligible.flags.writeable = False  # shared by every recall of the snapshot
-        restricted = np.zeros(snapshot.n, dtype=bool)
-        lists: dict[str, list[int]] = {}
-        for i, names in snapshot.visibility.items():
-            restricted[i] = True
-            for name in names:
-                lists.setdefault(name, []).append(i)
+        restricted, allowed = _visibility_lists(snapshot)
         messages = np.flatnonzero((snapshot.type_code == TYPE_CODE["message"]) & ~snapshot.archived)
         order = np.lexsort((snapshot.id_rank[messages], snapshot.seq[messages]))
         message_index, message_floor = messages[order], snapshot.seq[messages][order].astype(np.int64)
         message_index.flags.writeable = message_floor.flags.writeable = False
-        allowed = {k: np.array(v, dtype=np.int64) for k, v in lists.items()}
         return _VisibilityIndex(eligible, restricted, allowed, message_index, message_floor)
 
     value, _ = cached(snapshot, ("visibility", "index"), build,
@@ -109,29 +115,33 @@ def _updated_index(snapshot: GraphSnapshot, old: _VisibilityIndex, change: Struc
     appended-only change the old rows keep their positions, so only the rewritten, relinked and new rows are
     derived again — their eligibility and restriction set, the new ones' visibility names appended to the lists,
     and the messages among them placed into the kept floor order by binary search (node-id ranks shift with new
-    ids but keep their order). O(n) copies in C plus O(changed rows · log n). ``None`` (build) for any other
-    change, when a rewritten node lists visibility names (they may have changed), or when too many messages
-    move."""
+    ids but keep their order). O(n) copies in C plus O(changed rows · log n); when a rewritten node lists
+    visibility names or did (they may have changed), the per-name lists are made again, O(restricted nodes).
+    ``None`` (build) for any other change, or when too many messages move."""
     redo = changed_rows(change)
     if redo is None:
         return None
     vis = snapshot.visibility
-    if any(p in vis for p in change.rewritten.tolist()):
-        return None
     added = change.n_new - change.appended
     eligible = np.concatenate([old.eligible, np.zeros(added, dtype=bool)])
     eligible[redo] = ~snapshot.archived[redo] & ~np.isnan(snapshot.seq_end[redo])
     eligible.flags.writeable = False
-    restricted = np.concatenate([old.restricted, np.zeros(added, dtype=bool)])
-    allowed = old.allowed
+    kept_rewritten = change.rewritten[change.rewritten < change.appended].tolist()
     new_listed = [i for i in range(change.appended, change.n_new) if i in vis]
-    if new_listed:
+    if any(p in vis or old.restricted[p] for p in kept_rewritten):
+        # A rewritten node lists visibility names, or did: they may have changed, so the lists are made again
+        # as the build makes them (O(restricted nodes), no message order rebuilt).
+        restricted, allowed = _visibility_lists(snapshot)
+    elif new_listed:
+        restricted = np.concatenate([old.restricted, np.zeros(added, dtype=bool)])
         restricted[new_listed] = True
-        lists = {name: list(rows) for name, rows in allowed.items()}
+        lists = {name: list(rows) for name, rows in old.allowed.items()}
         for i in new_listed:
             for name in vis[i]:
                 lists.setdefault(name, []).append(i)
         allowed = {k: np.array(v, dtype=np.int64) for k, v in lists.items()}
+    else:
+        restricted, allowed = np.concatenate([old.restricted, np.zeros(added, dtype=bool)]), old.allowed
     # The messages whose floor, type, archived flag or id rank may have changed leave the order and are placed again.
     is_message = (snapshot.type_code[redo] == TYPE_CODE["message"]) & ~snapshot.archived[redo]
     place = redo[is_message]
