@@ -1469,8 +1469,14 @@ class TestRescueSampleCarried:
             snap = cache.get(store, self.CHAT, self.MODEL, now_ms=0)
             first = check(snap, snap.has_vector.copy())
             assert check(snap, snap.has_vector.copy()) is first  # kept for the structure
+            def positions(mask):  # the even stride over the eligible nodes (rescue_sample's contract)
+                at = np.flatnonzero(mask)
+                return at[:: -(-at.size // 12)].tolist() if at.size > 12 else at.tolist()
+
             reused: list[bool] = []
             served: list[bool] = []
+            same_sample: list[bool] = []
+            previous = positions(snap.has_vector)
             for step in range(6):
                 self._write(store, [(40 + step, f"m{step:03d}")], rng)  # one new node with its vector
                 if step == 3:  # an old node's vector rewritten: the matrix is copied, nothing is reused
@@ -1482,11 +1488,12 @@ class TestRescueSampleCarried:
                 rows = check(child, eligible)
                 reused.append(scoring._same_rows(snap.embeddings, child.embeddings))
                 served.append(rows is first)
-                snap, first = child, rows
+                same_sample.append(positions(eligible) == previous)
+                snap, first, previous = child, rows, positions(eligible)
             # The vector memory is shared except where the delta copies the matrix: the rewrite of an old vector
             # (step 3). That copy has spare rows, so the append after it grows it in place, as the first delta after
             # the build appends into the spare rows the store's read allocated. Where it is shared, the kept sample
-            # is served as is unless the sample takes a new row: at steps 0 and 4 the newest node, in the mask, is
-            # among the sampled rows.
+            # is served as is exactly when the sample holds the same rows (a new node on the stride changes them).
             assert reused == [True, True, True, False, True, True]
-            assert [s for s, r in zip(served, reused, strict=True) if r] == [False, True, True, False, True]
+            assert served == [r and same for r, same in zip(reused, same_sample, strict=True)]
+            assert served == [False, True, True, False, False, True]
