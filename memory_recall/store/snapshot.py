@@ -1857,23 +1857,19 @@ def _merged(
     v_at = _positions(rids, delta.vector_rids) if delta.vector_rids.size and dim else np.zeros(0, np.int64)
     gone_v = pos[np.isin(rids, delta.deleted_vectors)] if delta.deleted_vectors.size else np.zeros(0, np.int64)
     old_rows_written = bool((v_at[v_at >= 0] < kept_n).any() or (gone_v < kept_n).any())
-    grown = None
-    if snap.dim and dim and take is None and not old_rows_written:
+    if snap.dim and dim and take is None:
         # Appended rows go into the spare rows of the matrix's buffer (the old snapshot keeps its shorter view).
+        # When kept rows are rewritten (the background embedding of the last turn's nodes) or there is no buffer
+        # to grow, the matrix is copied once into a buffer with spare rows, for the next turn's append.
         buffer = base.vectors
-        grown = buffer.appended(snap.embeddings, n - kept_n) if buffer is not None else None
-        if grown is None:
+        emb = None if old_rows_written or buffer is None else buffer.appended(snap.embeddings, n - kept_n)
+        if emb is None:
             buffer = _RowBuffer.of(snap.embeddings, n - kept_n)
-            grown = buffer.data[:n]
-    if grown is not None:
-        emb = grown
-        has_vec = appended_rows(snap.has_vector, np.zeros(n - kept_n, bool))
-    elif snap.dim and dim and take is None:
-        # Kept rows rewritten (the background embedding of the last turn's nodes): one copy, with spare rows, so
-        # the next turn's append goes into them instead of copying the matrix again.
-        buffer = _RowBuffer.of(snap.embeddings, n - kept_n)
-        emb = buffer.data[:n]
-        has_vec = np.concatenate([snap.has_vector, np.zeros(n - kept_n, bool)])  # its kept rows are written below
+            emb = buffer.data[:n]
+        new_rows = np.zeros(n - kept_n, bool)
+        # The mask's kept rows are written below when old rows are: a copy then, else a shared append.
+        has_vec = np.concatenate([snap.has_vector, new_rows]) if old_rows_written else appended_rows(
+            snap.has_vector, new_rows)
     elif snap.dim and dim:  # one pass: the kept rows and zero rows for the new nodes
         buffer = None
         emb = np.concatenate([snap.embeddings[take], np.zeros((n - kept_n, dim), np.float32)])
