@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from memory_recall.store.snapshot import JoinedStrings, PackedTexts, SharedPrefix
+from memory_recall.store.snapshot import JoinedStrings, PackedTexts, SharedIndex, SharedPrefix
 
 __all__ = ["exactly_equal"]
 
@@ -17,12 +17,16 @@ __all__ = ["exactly_equal"]
 def exactly_equal(x: Any, y: Any) -> bool:
     """Whether two snapshot field values are exactly equal: arrays by dtype, shape and bytes (object arrays by
     value), sparse matrices by their three arrays, dataclasses field by field, the compact text sequences item
-    by item (every item a ``str``), a :class:`SharedPrefix` as the tuple of its items, dicts in key order."""
+    by item (every item a ``str``), a :class:`SharedPrefix` as the tuple of its items, a :class:`SharedIndex` as
+    the dict of its items, dicts in key order."""
     if isinstance(x, PackedTexts | JoinedStrings) or isinstance(y, PackedTexts | JoinedStrings):  # compact forms
         return list(x) == list(y) and all(type(t) is str for t in (*x, *y))
     if isinstance(x, SharedPrefix) or isinstance(y, SharedPrefix):  # a tuple's items, shared along appends
         return isinstance(x, SharedPrefix | tuple) and isinstance(y, SharedPrefix | tuple) and len(x) == len(y) and all(
             exactly_equal(p, q) for p, q in zip(x, y, strict=True))
+    if isinstance(x, SharedIndex) or isinstance(y, SharedIndex):  # a dict's items, shared along appends
+        return isinstance(x, SharedIndex | dict) and isinstance(y, SharedIndex | dict) and list(x.items()) == list(
+            y.items())
     if type(x) is not type(y):
         return False
     if isinstance(x, np.ndarray):

@@ -35,7 +35,7 @@ Notes
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -135,7 +135,9 @@ class LexicalStage(TimedStage):
         }
 
 
-def _ranked_hits(raw_hits: Sequence[Any], index_of: dict[str, int], act: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _ranked_hits(
+    raw_hits: Sequence[Any], index_of: Mapping[str, int], act: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Active snapshot nodes among an index's hits, score / best score, by score desc then node-id byte order."""
     # A few dozen hits: plain Python per hit is cheaper than numpy calls on tiny arrays.
     pairs: list[tuple[float, str, int]] = []  # (-score, node id, node index): the sort key, then the node

@@ -107,7 +107,7 @@ from memory_recall.pipeline.state import (
     TimedStage,
 )
 from memory_recall.settings import ContextSettings, OwnerSettings, ScoringSettings, SelectionSettings
-from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, SnapshotStructure, StructureChange
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, SnapshotStructure, StructureChange, inserted
 from memory_recall.text.mentions import fold, term_occurs
 from memory_recall.text.normalize import js_len
 
@@ -424,7 +424,7 @@ def _carry_walks(snapshot: GraphSnapshot, old: _SnapshotMemo, out: _SnapshotMemo
         seq = snapshot.seq[new_events]
         order = np.argsort(seq, kind="stable")
         at = np.searchsorted(ev_seq, seq[order], side="right")
-        events = (np.insert(ev, at, new_events[order]), np.insert(ev_seq, at, seq[order]))
+        events = (inserted(ev, at, new_events[order]), inserted(ev_seq, at, seq[order]))
     out.walk = walk
     out.events = events
 

@@ -71,7 +71,7 @@ from memory_recall.pipeline.scoring import (
 )
 from memory_recall.pipeline.state import ContextInfo, Explanation, ExplanationPart, RecallState, StageTrace
 from memory_recall.settings import RecallSettings
-from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, StructureChange
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, StructureChange, inserted
 
 __all__ = [
     "ExplanationModel",
@@ -602,7 +602,7 @@ def _derived_core_order(snap: GraphSnapshot, base: _CoreOrder, change: Structure
             lo, hi = lo + int(np.searchsorted(secondary[lo:hi], q, "left")), lo + int(
                 np.searchsorted(secondary[lo:hi], q, "right"))
             at.append(lo + int(np.searchsorted(rank[lo:hi], r, "left")))
-        order = np.insert(order, np.asarray(at, dtype=np.int64), todo[by_key])
+        order = inserted(order, np.asarray(at, dtype=np.int64), todo[by_key])
     return _CoreOrder(importance, order, snap.type_code[order] == TYPE_CODE["synopsis"])
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from memory_recall.pipeline._graph_cache import cached, changed_rows
 from memory_recall.pipeline.kind_weights import MESSAGE_TYPE_CODE
-from memory_recall.store.snapshot import GraphSnapshot, StructureChange
+from memory_recall.store.snapshot import GraphSnapshot, StructureChange, inserted
 
 __all__ = ["TurnNeighbours", "turn_neighbours", "with_turn_context"]
 
@@ -76,7 +76,7 @@ def _updated(snapshot: GraphSnapshot, old: TurnNeighbours, change: StructureChan
         if not rows.size or not fresh.size or fresh[0] > rows[-1]:  # the usual turn: the changed rows are the last
             return np.concatenate([rows, fresh]), np.concatenate([of, neighbour[fresh]])
         at = np.searchsorted(rows, fresh)  # both ascending: the rows stay in order
-        return np.insert(rows, at, fresh), np.insert(of, at, neighbour[fresh])
+        return inserted(rows, at, fresh), inserted(of, at, neighbour[fresh])
 
     return TurnNeighbours(*pairs(old.prev_rows, old.prev_of, snapshot.prev_index),
                           *pairs(old.next_rows, old.next_of, snapshot.next_index))

@@ -54,7 +54,7 @@ import numpy as np
 from memory_recall.pipeline._graph_cache import cached, changed_rows
 from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import VisibilitySettings
-from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, StructureChange
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, StructureChange, inserted
 
 __all__ = ["CURRENT_TURN_KEY", "HIDDEN_MASK_KEY", "VisibilityStage", "current_turn_excluded", "visibility_hidden"]
 
@@ -161,8 +161,8 @@ def _updated_index(snapshot: GraphSnapshot, old: _VisibilityIndex, change: Struc
         for i, s in zip(place.tolist(), seq.tolist(), strict=True):
             lo, hi = int(np.searchsorted(floors, s, "left")), int(np.searchsorted(floors, s, "right"))
             at.append(lo + int(np.searchsorted(order_rank[lo:hi], rank[i], "left")))
-        order = np.insert(order, np.asarray(at, dtype=np.int64), place)
-        floors = np.insert(floors, np.asarray(at, dtype=np.int64), seq)
+        order = inserted(order, np.asarray(at, dtype=np.int64), place)
+        floors = inserted(floors, np.asarray(at, dtype=np.int64), seq)
     order.flags.writeable = floors.flags.writeable = False
     return _VisibilityIndex(eligible, restricted, allowed, order, floors)
 

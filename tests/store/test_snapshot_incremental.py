@@ -562,6 +562,31 @@ def test_appended_rows_share_the_buffer_and_never_write_over_an_array() -> None:
         [np.zeros((2, 3), np.int32), np.ones((1, 3), np.int32)]).tobytes()
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(-50, 50), max_size=30),
+    st.lists(st.tuples(st.floats(0, 1), st.integers(-9, 9), st.booleans()), min_size=1, max_size=8),
+    st.sampled_from([np.int32, np.int64, np.float64, object]),
+)
+def test_inserted_equals_numpy_insert(
+    base: list[int], entries: list[tuple[float, int, bool]], dtype: Any
+) -> None:
+    """:func:`inserted` gives ``np.insert``'s array for positions within ``[-n, n]`` (values, dtype, the order of
+    values at one position, unsorted and negative positions); a position past either end is an ``IndexError``
+    (``np.insert`` wraps some of those silently)."""
+    arr = np.asarray(base, dtype=dtype)
+    n = arr.size
+    at = [round(f * n) - (n if negative and round(f * n) < n else 0) for f, _, negative in entries]
+    vals = np.asarray([v for _, v, _ in entries], dtype=dtype)
+    want = np.insert(arr, np.asarray(at, dtype=np.int64), vals)
+    got = snapshot_module.inserted(arr, at, vals)
+    assert got.dtype == want.dtype and got.tolist() == want.tolist()
+    assert snapshot_module.inserted(arr, [], vals[:0]).tolist() == arr.tolist()
+    for wrong in (n + 1, -n - 1):
+        with pytest.raises(IndexError):
+            snapshot_module.inserted(arr, [0, wrong], vals[:1].repeat(2))
+
+
 def test_the_first_append_after_a_read_writes_into_the_spare_rows(world: _World) -> None:
     """The store reads a chat's vectors into a matrix with spare rows after it, so the first new message after a
     build does not copy the matrix (at 100k nodes that copy was half a second): the new rows go into the spare

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from snapshot_equality import exactly_equal
 
 import memory_recall.store.sqlite as store_sqlite
@@ -340,3 +342,31 @@ def test_gc_paused_restores_the_collector_state() -> None:
         assert not gc.isenabled()  # a process that turned it off keeps it off
     finally:
         gc.enable()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.text(alphabet="ab\u00fc\U0001f600", max_size=4), max_size=6), min_size=1, max_size=40),
+       st.integers(0, 39))
+def test_joined_strings_extended_appends_parts_and_keeps_older_views(
+    batches: list[list[str]], branch_at: int
+) -> None:
+    """A chain of :meth:`JoinedStrings.extended` (on a split, then on a selection) holds every string in order;
+    each older view keeps its strings when a later one extends, or when it is extended a second time (a branch);
+    the parts stay few (the small trailing ones merge)."""
+    items = ["e1", "", "x" * 50]
+    joined = JoinedStrings.split("\x1f".join(items), "\x1f", len(items))
+    views: list[tuple[JoinedStrings, list[str]]] = [(joined, list(items))]
+    for batch in batches:
+        joined = joined.extended(batch)
+        items = items + batch
+        views.append((joined, list(items)))
+    for view, want in views:
+        assert list(view) == want and [view[i] for i in range(len(view))] == want
+    assert len(joined._parts) <= 2 + 2 * max(1, len(items)).bit_length()
+    base, base_items = views[min(branch_at, len(views) - 1)]
+    branch = base.extended(["branch", "ü"])
+    assert list(branch) == [*base_items, "branch", "ü"]
+    for view, want in views:
+        assert list(view) == want
+    picked = joined.take(np.arange(len(joined))[::-1])
+    assert list(picked.extended(["z"])) == [*items[::-1], "z"] and list(picked) == items[::-1]
