@@ -601,7 +601,8 @@ def _field_table(snapshot: GraphSnapshot) -> PackedFieldTable:
 
 
 def _prepared_node(snapshot: GraphSnapshot, i: int) -> PreparedNode | None:
-    raw = snapshot.node(i)
+    # Not kept: the field table keeps the prepared fields, the parsed model would only double them in memory.
+    raw = snapshot.node(i, keep=False)
     primary = [t for key in PRIMARY_LEXICAL_FIELDS for t in raw.field_text(key)]
     secondary = [t for key in SECONDARY_LEXICAL_FIELDS for t in raw.field_text(key)]
     return prepare_node(primary, secondary) if primary or secondary else None

@@ -1332,8 +1332,10 @@ class GraphSnapshot:
     def dim(self) -> int:
         return int(self.embeddings.shape[1])
 
-    def node(self, i: int) -> Node:
-        """The full node at index ``i`` (parsed on first use, then cached)."""
+    def node(self, i: int, *, keep: bool = True) -> Node:
+        """The full node at index ``i`` (parsed on first use, then cached). ``keep=False`` parses without caching
+        (a cached parse is still returned): for a caller that keeps what it reads from the node itself, so the
+        snapshot does not also hold the model (~6 KB a node) of every node it ever read."""
         cached = self._nodes.get(i)
         if cached is not None:
             return cached
@@ -1343,6 +1345,8 @@ class GraphSnapshot:
             node = node.model_copy(
                 update={"access_count": stat[0], "importance": stat[1], "last_access_time": stat[2]}
             )
+        if not keep:
+            return node
         with self._lock:
             self._nodes[i] = node
             if len(self._nodes) > MAX_PARSED_NODES:  # the oldest parse goes: memory stays bounded on any chat

@@ -162,6 +162,21 @@ class TestLexicalFieldCache:
         assert sorted(table.keys()) == sorted(snap.ids.index(x) for x in ("tower", "ev"))
         assert table.field_texts(snap.ids.index("alice")) is None
 
+    def test_preparing_a_node_keeps_no_parsed_node(self) -> None:
+        """The field table keeps a node's prepared fields; the snapshot does not also keep the parsed node (the
+        preparation is the same as from a kept parse)."""
+        import memory_recall.pipeline.scoring as scoring_module
+
+        snap = make_snapshot(self._graph())
+        prepared = [scoring_module._prepared_node(snap, i) for i in range(snap.n)]
+        assert dict(snap._nodes) == {}
+        assert prepared == [scoring_module._prepared_node(make_snapshot(self._graph()), i) for i in range(snap.n)]
+        kept = make_snapshot(self._graph())
+        for i in range(kept.n):
+            kept.node(i)
+        assert [scoring_module._prepared_node(kept, i) for i in range(kept.n)] == prepared
+        assert sum(p is not None for p in prepared) == snap.n - 1  # "blank" has no lexical text
+
     def test_emptied_table_gives_the_same_scores(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import memory_recall.pipeline.scoring as scoring_module
         from memory_recall.pipeline._graph_cache import cached

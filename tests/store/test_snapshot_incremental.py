@@ -546,6 +546,17 @@ def test_parsed_nodes_stay_bounded_and_carry_the_newest(world: _World, monkeypat
     assert all(new._nodes[i] is snap._nodes[i] for i in new._nodes)
 
 
+def test_a_parse_not_kept_leaves_the_snapshot_as_it_was(world: _World) -> None:
+    """``node(i, keep=False)`` gives the node ``node(i)`` gives without adding it to the parsed nodes; a kept parse
+    is returned as it is."""
+    snap = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    fresh = build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)
+    assert [snap.node(i, keep=False) for i in range(6)] == [fresh.node(i) for i in range(6)]
+    assert list(snap._nodes) == []
+    kept = snap.node(3)
+    assert snap.node(3, keep=False) is kept and list(snap._nodes) == [3]
+
+
 def test_appended_rows_share_the_buffer_and_never_write_over_an_array() -> None:
     """An append writes into the buffer's spare room only for its longest view; any other view gets a new buffer;
     the result is the concatenation (dtype, shape, bytes) for 1-D, object and 2-D arrays."""
