@@ -24,7 +24,7 @@ import numpy as np
 
 from memory_recall.pipeline._graph_cache import cached
 from memory_recall.settings import ScoringSettings
-from memory_recall.store.snapshot import GraphSnapshot
+from memory_recall.store.snapshot import GraphSnapshot, StructureChange
 
 __all__ = ["named_in", "speaker_cue_weights"]
 
@@ -49,14 +49,34 @@ def named_in(question: str, speaker: str) -> bool:
     return re.search(pattern, question, re.IGNORECASE) is not None
 
 
-def _speakers(snapshot: GraphSnapshot, idx: np.ndarray) -> list[str]:
+def _carried_speakers(old: dict[int, str], change: StructureChange) -> dict[int, str] | None:
+    """The speaker memo of a structure an appended-only delta derived from ``old``'s: the same positions (the
+    remap is the identity), less the rewritten nodes (their speaker may have changed). ``None`` (start over) for
+    any other change. O(memo) at C speed: a dict copy, then a pop per rewritten node."""
+    if not change.appended_only:
+        return None
+    memo = old.copy()  # one C call: safe while a recall on the parent adds to ``old``
+    for i in change.rewritten.tolist():
+        memo.pop(int(i), None)
+    return memo
+
+
+def _speaker_memo(snapshot: GraphSnapshot) -> dict[int, str]:
+    """Node position → the turn's speaker ("" without one), filled as candidates are read."""
     memo: dict[int, str]
-    memo, _ = cached(snapshot, ("speaker-cue-speakers",), dict)
+    memo, _ = cached(snapshot, ("speaker-cue-speakers",), dict, _carried_speakers, recipe=_speaker_memo)
+    return memo
+
+
+def _speakers(snapshot: GraphSnapshot, idx: np.ndarray) -> list[str]:
+    # The memo keeps the names; the parsed nodes are not kept (a turn's model is ~6 KB, its speaker a short str),
+    # and the memo follows the chat's appends, so a turn's speaker is read once, not once per snapshot version.
+    memo = _speaker_memo(snapshot)
     out = []
     for i in idx.tolist():
         name = memo.get(i)
         if name is None:
-            texts = snapshot.node(i).field_text("speaker")
+            texts = snapshot.node(i, keep=False).field_text("speaker")
             name = texts[0] if texts else ""
             memo[i] = name
         out.append(name)

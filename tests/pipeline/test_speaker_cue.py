@@ -6,8 +6,12 @@ import numpy as np
 import pytest
 from score_helpers import candidates_for, make_graph, make_node, make_snapshot, make_state, run_scoring, settings
 
+from memory_recall.model.graph import Node
+from memory_recall.pipeline import speaker_cue
 from memory_recall.pipeline.scoring import explain_row
 from memory_recall.pipeline.speaker_cue import named_in, speaker_cue_weights
+from memory_recall.store import Store
+from memory_recall.store.snapshot import SnapshotCache, build_snapshot
 
 
 @pytest.mark.parametrize(("question", "speaker", "expected"), [
@@ -61,3 +65,40 @@ def test_scoring_ranks_the_named_speakers_turn_first_and_explains_it() -> None:
     assert explain_row(snap, table, 0, on.scoring, on.lexical).multipliers["speaker_cue"] == pytest.approx(1.3)
     assert "speaker_cue" not in explain_row(snap, table, 1, on.scoring, on.lexical).multipliers
     assert cued.trace.notes["speaker_cue"] == {"speakers": ["Melanie"], "raised": 1}
+
+
+def test_the_speaker_memo_follows_the_chats_appends(store: Store) -> None:
+    """After an appended-only delta the child structure's memo is the parent's without the rewritten turns (their
+    speaker may have changed), without parsing any node; the weights equal those of a fresh build; no parsed node
+    is kept for the speakers read."""
+    chat, model, now = "cue", "m", 1_700_000_000_000
+    turns = [Node(id=f"t{i}", type="message", seq=i, seq_range=(i, i), prev_id=f"t{i - 1}" if i else None,
+                  fields={"text": f"turn {i}", "speaker": speaker})
+             for i, speaker in enumerate(["Caroline", "Melanie", "Caroline"])]
+    with store.write(chat) as w:
+        w.upsert_nodes(turns)
+    cache = SnapshotCache()
+    on = settings(scoring={"speaker_cue": True, "speaker_cue_boost": 0.5}).scoring
+    question = "What did Melanie say?"
+    parent = cache.get(store, chat, model, now_ms=now)
+    idx = np.arange(parent.n)
+    w, _ = speaker_cue_weights(parent, idx, np.ones(parent.n, dtype=bool), question, on)
+    assert w.tolist() == [1.0, 1.5, 1.0] and dict(parent._nodes) == {}
+    with store.write(chat) as wr:  # turn 0 now spoken by Melanie; a new turn by Melanie
+        wr.upsert_nodes([turns[0].model_copy(update={"fields": {"text": "turn 0", "speaker": "Melanie"}}),
+                         Node(id="t3", type="message", seq=3, seq_range=(3, 3), prev_id="t2",
+                              fields={"text": "turn 3", "speaker": "Melanie"})])
+    child = cache.get(store, chat, model, now_ms=now)
+    change = child.structure.change
+    assert change is not None and change.appended_only and child.structure.parent is parent.structure
+    rewritten = change.rewritten.tolist()
+    assert rewritten == [child.index["t0"]]
+    memo = speaker_cue._speaker_memo(child)
+    assert memo == {i: name for i, name in enumerate(["Caroline", "Melanie", "Caroline"]) if i not in rewritten}
+    idx = np.arange(child.n)
+    w, notes = speaker_cue_weights(child, idx, np.ones(child.n, dtype=bool), question, on)
+    fresh = build_snapshot(store.snapshot_source(chat, model), now_ms=now)
+    want, want_notes = speaker_cue_weights(fresh, idx, np.ones(fresh.n, dtype=bool), question, on)
+    assert [child.ids[i] for i in idx] == ["t0", "t1", "t2", "t3"]
+    assert w.tolist() == want.tolist() == [1.5, 1.5, 1.0, 1.5] and notes == want_notes
+    assert dict(child._nodes) == {}
