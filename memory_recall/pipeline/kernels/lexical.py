@@ -239,11 +239,15 @@ def prepare_field(field: object, *, reference: bool = False) -> PreparedField | 
     return PreparedField(f, _js_len(f), frozenset(_units_of_normalised(f, reference)))
 
 
-#: Prepared nodes (and field signatures) remembered across calls: pure functions of the texts, with immutable
-#: results. A new graph snapshot holds mostly the nodes of the previous one, so its first recall finds most
-#: candidates here instead of normalising their fields again. About 1 kB per node on the bench graph: 8 MB at the
-#: bound.
+#: Field signatures remembered across calls (a pure function of the text; an int each).
 _PREPARED_TEXTS = 8192
+#: Prepared nodes remembered across calls: pure functions of the texts, with immutable results. They serve a field
+#: table built afresh (a table carried over a snapshot delta keeps its packed rows, and repacks only the rewritten
+#: nodes, whose texts were prepared moments before) and the repeats within a batch. A prepared node holds a frozen
+#: set of unit strings per field, about 8 KB for a chat turn; the cache fills with every new or edited text, so its
+#: bound is what the service holds for it under a stream of writes: 8 MB here (at 8,192 it was 64 MB, filled over
+#: hours of chat, and the load's memory rose with it).
+_PREPARED_NODES = 1024
 
 
 def prepare_node(
@@ -258,7 +262,7 @@ def prepare_node(
     return _prepare_node(primary_texts, secondary_texts, reference)
 
 
-@functools.lru_cache(maxsize=_PREPARED_TEXTS)
+@functools.lru_cache(maxsize=_PREPARED_NODES)
 def _prepare_texts(primary_texts: tuple[str, ...], secondary_texts: tuple[str, ...], reference: bool) -> PreparedNode:
     return _prepare_node(primary_texts, secondary_texts, reference)
 
