@@ -144,7 +144,7 @@ def _text_ids(snapshot: GraphSnapshot, keys: _SnapshotKeys, idx: np.ndarray) -> 
         with keys.lock:
             for i in idx[new].tolist():
                 if keys.text_id[i] == _UNKNOWN:
-                    text = dedup_text_key(snapshot.node(i))
+                    text = dedup_text_key(snapshot.node(i, keep=False))  # the number is kept, not the model
                     key = (str(snapshot.scope_owner_key[i]), text)
                     keys.text_id[i] = keys.numbers.setdefault(key, len(keys.numbers)) if text else _NO_KEY
         ids = keys.text_id[idx]

@@ -562,7 +562,7 @@ def _label(snapshot: GraphSnapshot, arrays: _SnapshotArrays, i: int) -> str:
     """:func:`node_label` of node ``i``, remembered with the snapshot."""
     label = arrays.labels.get(i)
     if label is None:
-        label = node_label(snapshot.node(i))
+        label = node_label(snapshot.node(i, keep=False))  # the label is kept, not the model
         if len(arrays.labels) >= MAX_LABELS:
             arrays.labels.clear()
         arrays.labels[i] = label  # racing threads store equal values: harmless

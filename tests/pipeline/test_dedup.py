@@ -57,6 +57,8 @@ class TestExactText:
         assert res.state.meta["dedupCollapsed"] == {"e2": ["e1"]}
         assert res.state.meta["dedupReasons"] == {"e1": "exact-text"}
         assert res.trace.notes["exact_text"] == 1 and res.trace.count_out == 2
+        # The text keys are kept as numbers; neither scoring nor dedup keeps a parsed node for them.
+        assert dict(snap._nodes) == {}
 
     def test_text_duplicates_of_different_types_collapse(self) -> None:
         snap, state = _scored(
