@@ -28,7 +28,18 @@ def test_mixed_load_has_no_errors(tmp_path: Path) -> None:
     assert len(rss["samples"]) >= 5 and all(mb > 0 for _, mb in rss["samples"])
     assert [t for t, _ in rss["anon_samples"]] == [t for t, _ in rss["samples"]]
     assert all(0 < anon <= mb for (_, anon), (_, mb) in zip(rss["anon_samples"], rss["samples"], strict=True))
+    trend = rss["anon_trend_second_half"]  # the in-load samples of the last 2.5 s (about 2 at 1 s apart)
+    assert trend is not None and 2 <= trend["samples"] < len(rss["anon_samples"])
+    assert trend["growth"] == round(trend["last"] - trend["first"], 1)
+    assert rss["messages_added_second_half"] <= out["kinds"]["message"]["ok"]
     assert out["clean_shutdown"]
+
+
+def test_half_trend_takes_the_in_load_samples_of_the_half() -> None:
+    samples = [(0.0, 90.0), (1.0, 100.0), (2.0, 102.0), (3.0, 101.0), (4.0, 106.0), (5.0, 300.0)]
+    trend = lt.half_trend(samples, 1.0, 4.5)  # (1, 4.5]: 2, 3 and 4 s; the spike at 5 s is after the load
+    assert trend == {"first": 102.0, "last": 106.0, "growth": 4.0, "slope_mib_per_min": 120.0, "samples": 3}
+    assert lt.half_trend(samples, 3.5, 4.5) is None  # one sample: no trend
 
 
 def test_reused_chat_is_not_rebuilt(tmp_path: Path) -> None:
