@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from rel_crash_helpers import load_script
 
 lt = load_script("load_test")
@@ -47,3 +48,19 @@ def test_reused_chat_is_not_rebuilt(tmp_path: Path) -> None:
     again = lt.build_chat(tmp_path, 40, log=lambda _: None)
     assert not first["reused"] and first["embedded_now"] > 0
     assert again["reused"] and again["embedded_now"] == 0 and again["node_count"] == first["node_count"] == 40
+
+
+def test_memory_per_turn_prints_the_retained_memory_per_turn(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``scripts/memory_per_turn.py`` on a small chat: tracing from the first mark, one line per later mark with
+    the retained memory and the KiB per turn, then the lines that hold the most."""
+    for name in ("MEMORY_RECALL_CONFIG", "MEMORY_RECALL_EMBEDDING__PROVIDER"):  # the script sets them
+        monkeypatch.setenv(name, "")
+    mpt = load_script("memory_per_turn")
+    assert mpt.main(["--messages", "30", "--turns", "2,4,6", "--top", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("turn 2: tracing starts; anonymous RSS ")
+    assert [line.split(":")[0] for line in out[1:3]] == ["turn 4", "turn 6"]
+    assert "KiB per turn since turn 2" in out[1] and "KiB per turn since turn 4" in out[2]
+    assert out[3] == "what holds the most of it at turn 6:" and len(out) == 7
