@@ -52,9 +52,11 @@ __all__ = [
     "mask_digest",
     "prepare",
     "unique_in_order",
+    "without_rows",
 ]
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 #: Derived values kept per structure or snapshot: one recall of one profile makes about 18 per structure (the
 #: adjacency, the stages' indexes and tables), a second profile or batch size a few more; per-mask variants (the
@@ -222,6 +224,16 @@ def _cached(owner: Any, key: Hashable, build: Callable[[], T]) -> tuple[T, bool]
         while len(entries) > MAX_ENTRIES_PER_SNAPSHOT:
             entries.popitem(last=False)
     return value, False
+
+
+def without_rows(memo: dict[int, V], rows: np.ndarray) -> dict[int, V]:
+    """A copy of a per-node memo (node position → value) without the entries at ``rows``: the memo of a child
+    structure whose kept nodes stand at the same positions (an appended-only change) and ``rows`` were rewritten.
+    The copy is one C call, so a recall on the parent may add to ``memo`` meanwhile."""
+    out = memo.copy()
+    for i in rows.tolist():
+        out.pop(int(i), None)
+    return out
 
 
 def changed_rows(change: StructureChange) -> np.ndarray | None:

@@ -90,7 +90,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.model.graph import PRIMARY_LEXICAL_FIELDS, SECONDARY_LEXICAL_FIELDS, Node
-from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask
+from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask, without_rows
 from memory_recall.pipeline.kernels.lexical import PackedFieldTable, PreparedNode, prepare_node, prepare_sources
 from memory_recall.pipeline.kind_weights import (
     MESSAGE_TYPE_CODE,
@@ -475,9 +475,7 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
         gate_code = np.concatenate([prev.gate_code, part[:, k:]], axis=1)
         gate_code[:, rewritten] = part[:, :k]
         # Labels of the nodes the delta did not rewrite stand (same node, same position).
-        labels = prev.labels.copy()
-        for i in rewritten.tolist():
-            labels.pop(i, None)
+        labels = without_rows(prev.labels, rewritten)
         return _SnapshotArrays(
             ids=appended_rows(prev.ids, new_ids),
             vocab=vocab,

@@ -632,12 +632,9 @@ class SharedIndex(Mapping[str, int]):
             return self
         n, k = self._n, len(ids)
         with _SHARED_PREFIX_LOCK:
-            if len(self._d) == n:  # the longest view: add in place (older views never see the new ids)
-                self._d.update(zip(ids, range(n, n + k), strict=True))
-                return SharedIndex(self._d, n + k)
-        with _SHARED_PREFIX_LOCK:
-            d = dict(itertools.islice(self._d.items(), n))
-        d.update(zip(ids, range(n, n + k), strict=True))
+            # The longest view adds in place (older views never see the new ids); any other copies its part.
+            d = self._d if len(self._d) == n else dict(itertools.islice(self._d.items(), n))
+            d.update(zip(ids, range(n, n + k), strict=True))
         return SharedIndex(d, n + k)
 
 
