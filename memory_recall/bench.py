@@ -465,12 +465,13 @@ def _bench_store(
     store: Any, out: dict[str, Any], plan: _Scene, settings: Any, *, repeat: int, profile: str, first: int = 5
 ) -> None:
     """Snapshot build and recall timings on the written store (fills ``out``)."""
+    from memory_recall.heap import release_freed_heap
     from memory_recall.pipeline.result import build_result
     from memory_recall.pipeline.retrieve import run_pipeline
     from memory_recall.pipeline.state import Providers
     from memory_recall.providers.embedding import LOCAL_MODEL_ID, LocalEmbedder, local_engine_available
     from memory_recall.store.bm25_index import cache_for
-    from memory_recall.store.snapshot import build_snapshot, release_freed_heap
+    from memory_recall.store.snapshot import build_snapshot
 
     n = plan.n
     builds, reads, build_cpu = [], [], []

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import numpy as np
 import scipy.sparse as sp
 
+from memory_recall.heap import mapped_empty, release_freed_heap
 from memory_recall.model.graph import (
     CORE_TYPES,
     INHIBIT_EDGE_TYPE,
@@ -890,6 +891,13 @@ def spare_rows(n: int) -> int:
     return max(256, n // 8)
 
 
+def _leading_view(view: np.ndarray, data: np.ndarray) -> bool:
+    """``view`` is a view of ``data``'s memory starting at its first byte (``data`` owns its memory, or is a
+    :func:`~memory_recall.heap.mapped_empty` array, whose views have its mapping as their base)."""
+    owner = data if data.base is None else data.base
+    return view.base is owner and view.ctypes.data == data.ctypes.data
+
+
 class _RowBuffer:
     """A float32 matrix with spare rows, shared by the vector matrices of a chain of appending deltas: each
     snapshot's matrix is a leading view (``data[:n]``); an append writes the next rows in place and hands out a
@@ -925,7 +933,8 @@ class _RowBuffer:
         """A buffer holding a copy of ``matrix`` followed by ``extra`` zero rows (its longest view: ``data[:n +
         extra]``), with spare rows after them."""
         n = matrix.shape[0]
-        data = np.empty((n + extra + spare_rows(n), matrix.shape[1]), np.float32)
+        # Its own mapping when large (a new buffer per rewriting write would otherwise split the heaps).
+        data = mapped_empty((n + extra + spare_rows(n), matrix.shape[1]), np.float32)
         data[:n] = matrix
         data[n:n + extra] = 0.0
         return cls(data, n + extra)
@@ -935,7 +944,7 @@ class _RowBuffer:
         buffer's longest view or the spare rows are too few."""
         with self._lock:
             n = view.shape[0]
-            if n != self._used or view.base is not self.data or n + extra > self.data.shape[0]:
+            if n != self._used or not _leading_view(view, self.data) or n + extra > self.data.shape[0]:
                 return None
             self.data[n:n + extra] = 0.0
             self._used = n + extra
@@ -1616,26 +1625,6 @@ def _build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
 
 #: Chats at least this large return the read's freed heap memory to the OS after a build (:func:`load_snapshot`).
 _TRIM_NODES = 10_000
-_malloc_trim: Any = None
-
-
-def release_freed_heap() -> None:
-    """Give the heap memory freed by a large snapshot read back to the OS (glibc ``malloc_trim``; a no-op
-    elsewhere). The read frees ~100 MB of row objects at 100k nodes that glibc would otherwise keep mapped, and
-    the process's peak would then stack the BM25 index and the recalls on top of it."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        _malloc_trim = False
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
-                import ctypes.util
-
-                _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-            except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-                _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
 
 
 def load_snapshot(store: Any, chat_id: str, model_id: str, *, now_ms: int) -> GraphSnapshot:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import mmap
 import shutil
 import weakref
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from snapshot_equality import exactly_equal
 
-from memory_recall import bench
+from memory_recall import bench, heap
 from memory_recall.model.graph import Edge, Node
 from memory_recall.model.state import KnowledgeOwner, KnowledgeState
 from memory_recall.pipeline import _graph_cache, anchors, owners, scoring
@@ -627,10 +628,31 @@ def test_the_first_append_after_a_read_writes_into_the_spare_rows(world: _World)
     assert a.embeddings.tobytes() == b.embeddings.tobytes() == child_a.embeddings[: a.n].tobytes()
 
 
-def test_a_rewritten_vector_row_copies_once_and_the_next_append_writes_into_the_spare_rows(world: _World) -> None:
+def _mapping(matrix: np.ndarray) -> mmap.mmap | None:
+    """The mapping under ``matrix`` (:func:`memory_recall.heap.mapped_empty`), else None."""
+    base: Any = matrix
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer's base
+        base = base.obj
+    return base if isinstance(base, mmap.mmap) else None
+
+
+def _buffer_rows(matrix: np.ndarray) -> int:
+    """Rows of the buffer ``matrix`` is a view of."""
+    assert isinstance(matrix.base, np.ndarray)
+    return int(matrix.base.size) // matrix.shape[1]
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["heap", "mapped"])
+def test_a_rewritten_vector_row_copies_once_and_the_next_append_writes_into_the_spare_rows(
+    world: _World, monkeypatch: pytest.MonkeyPatch, mapped: bool
+) -> None:
     """A chat turn: a message is appended, then the background embedding writes the vector of a kept row. That
     delta must copy the matrix (older snapshots keep their bytes); the copy has spare rows, so the next message
-    appends into them instead of copying again (at 10k nodes, 8 ms of every event)."""
+    appends into them instead of copying again (at 10k nodes, 8 ms of every event). A large copy gets its own
+    mapping (``mapped``: the bound lowered so this chat's small matrix is one), and the append works the same."""
+    monkeypatch.setattr(heap, "MAPPED_MIN_BYTES", 0 if mapped else 1 << 40)
     first = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
     world.apply("message", 31)
     appended = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
@@ -643,7 +665,8 @@ def test_a_rewritten_vector_row_copies_once_and_the_next_append_writes_into_the_
     assert appended.embeddings.tobytes() == before.tobytes() and appended.has_vector.tolist() == has_before.tolist()
     assert rewritten.embeddings.tobytes() != before.tobytes()
     buffer = rewritten.embeddings.base
-    assert buffer is not None and buffer.shape[0] == rewritten.n + snapshot_module.spare_rows(rewritten.n)
+    assert (_mapping(rewritten.embeddings) is not None) is mapped
+    assert _buffer_rows(rewritten.embeddings) == rewritten.n + snapshot_module.spare_rows(rewritten.n)
     kept = rewritten.embeddings.copy()
     world.apply("message", 33)
     new = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)

@@ -1,0 +1,95 @@
+"""memory_recall.heap: large long-lived buffers in their own mappings, the service's cap on glibc's arenas."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memory_recall import heap
+
+glibc = pytest.mark.skipif(not heap._glibc(), reason="glibc only (mallopt, malloc_info)")
+
+
+def _mapping(arr: np.ndarray) -> Any:
+    base: Any = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+def test_a_small_buffer_stays_an_ordinary_array() -> None:
+    arr = heap.mapped_empty((10, 4), np.float32)
+    assert arr.shape == (10, 4) and arr.dtype == np.float32 and arr.base is None and arr.flags.owndata
+
+
+def test_a_large_buffer_gets_its_own_zeroed_writable_mapping() -> None:
+    rows = heap.MAPPED_MIN_BYTES // (384 * 4) + 1
+    arr = heap.mapped_empty((rows, 384), np.float32)
+    mapping = _mapping(arr)
+    assert isinstance(mapping, mmap.mmap) and len(mapping) == rows * 384 * 4
+    assert arr.shape == (rows, 384) and arr.dtype == np.float32 and arr.flags.c_contiguous and arr.flags.writeable
+    assert not arr.any()
+    arr[-1, -1] = 2.5
+    view = arr[:3]
+    assert view.base is arr.base and float(arr[-1, -1]) == 2.5
+    assert heap.mapped_empty((1 << 17,), np.int64).base is not None  # exactly the bound: mapped
+
+
+def test_limit_arenas_refuses_a_negative_count_and_keeps_the_default_for_zero() -> None:
+    with pytest.raises(ValueError, match="^arenas: 0 .* got -1$"):
+        heap.limit_arenas(-1)
+    assert heap.limit_arenas(0) is False
+
+
+@pytest.mark.parametrize("env", [{"MALLOC_ARENA_MAX": "4"}, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}])
+def test_limit_arenas_leaves_the_users_environment_setting(monkeypatch: pytest.MonkeyPatch,
+                                                            env: dict[str, str]) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert heap.limit_arenas(2) is False
+
+
+_HEAPS = """
+import ctypes, os, sys, tempfile, threading
+from memory_recall import heap
+applied = heap.limit_arenas(int(sys.argv[1]))
+go = threading.Barrier(6)
+def work():
+    go.wait()  # all six threads alive at once: each asks for an arena of its own
+    keep = [bytearray(200_000) for _ in range(20)]
+    go.wait()
+threads = [threading.Thread(target=work) for _ in range(6)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc = ctypes.CDLL("libc.so.6")
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+path = os.path.join(tempfile.mkdtemp(), "info.xml")
+fp = libc.fopen(path.encode(), b"w"); libc.malloc_info(0, fp); libc.fclose(fp)
+print(applied, open(path).read().count("<heap nr="))
+"""
+
+
+@glibc
+@pytest.mark.parametrize(("arenas", "applied"), [(0, False), (1, True), (2, True)])
+def test_limit_arenas_caps_the_heaps_threads_get(arenas: int, applied: bool) -> None:
+    """Six threads allocating at once: glibc's default gives them arenas of their own; with the cap they share
+    ``arenas`` heaps (the main one among them)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES")}
+    out = subprocess.run([sys.executable, "-c", _HEAPS, str(arenas)], capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    was_applied, heaps = out.stdout.split()
+    assert was_applied == str(applied)
+    if arenas:
+        assert int(heaps) == arenas
+    else:
+        assert int(heaps) >= 4
