@@ -483,6 +483,11 @@ class ServiceSettings(BaseModel):
     public_docs: bool = True
     #: Seconds the shutdown waits for in-flight writes and embedding before closing the store.
     shutdown_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    #: glibc malloc arenas the service process may use (``mallopt(M_ARENA_MAX)`` at start; 0 keeps glibc's
+    #: default of eight per core; ``MALLOC_ARENA_MAX`` in the environment wins). Each arena keeps its own free
+    #: space, and the worker threads take turns under the GIL: with glibc's default the service's memory crept up
+    #: for minutes under writes (:mod:`memory_recall.heap`).
+    malloc_arenas: int = Field(default=2, ge=0, le=1024)
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -76,6 +76,8 @@ class TestValuesNameTheVariable:
 got 'bad'"""),
         ("MEMORY_RECALL_SERVICE__CORS_ORIGINS", "http://x", """MEMORY_RECALL_SERVICE__CORS_ORIGINS: must be JSON (a \
 list, e.g. '["a", "b"]'); got 'http://x'"""),
+        ("MEMORY_RECALL_SERVICE__MALLOC_ARENAS", "-1", "MEMORY_RECALL_SERVICE__MALLOC_ARENAS: Input should be greater "
+         "than or equal to 0 (setting service.malloc_arenas; got '-1')"),
         ("MEMORY_RECALL_PROFILE", "bogus",
          "MEMORY_RECALL_PROFILE: unknown profile 'bogus'; expected one of default, app, fallback, transcript"),
     ])

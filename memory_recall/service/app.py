@@ -47,6 +47,10 @@ Contract
   the number of clients: 1.8 GB at 32 clients on a 10k-node chat, 0.55 GB with the bound). Writes to one chat
   are serialised by a per-chat ``asyncio.Lock`` held for the write only (the store's own lock serialises the
   SQLite writer across chats).
+* **Memory.** :func:`serve` caps glibc's malloc arenas at ``service.malloc_arenas`` (2) before any worker
+  thread allocates, and a snapshot's large vector buffers get mappings of their own
+  (:mod:`memory_recall.heap`): with glibc's defaults the service's heaps crept up for minutes under writes while
+  the memory in use stayed flat.
 * **Versions.** A write's response carries the chat version its own transaction committed (for an event that
   changed nothing, the version it read); later writes (a recall's reinforcement, background vectors) give
   later versions.
@@ -1008,6 +1012,7 @@ def serve(
 
     import uvicorn
 
+    from memory_recall.heap import limit_arenas
     from memory_recall.providers import make_embedder, make_llm
     from memory_recall.service.connections import server_options
     from memory_recall.store import default_data_dir
@@ -1031,6 +1036,9 @@ def serve(
     store_dir = default_data_dir(store_settings.data_dir or None)
     for suffix in ("", "-wal", "-shm"):
         warn_if_shared(store_dir / f"{DB_FILENAME}{suffix}", "store file")
+    # Before the embedding engine and the worker threads allocate: glibc fixes its arena limit then.
+    if limit_arenas(service.malloc_arenas):
+        log.info("malloc arenas limited to %d", service.malloc_arenas)
     embedder = make_embedder(settings.embedding)
     llm = make_llm(settings.llm) if settings.rerank.enabled else None
     app = create_app(settings, embedder=embedder, llm=llm)

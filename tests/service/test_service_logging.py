@@ -18,6 +18,7 @@ import pytest
 import uvicorn.config
 from service_live import free_port
 
+from memory_recall import heap
 from memory_recall.errors import ConfigError
 from memory_recall.service.app import log_config
 
@@ -26,6 +27,10 @@ QUERY = "Where did Marcus hide the brass key?"
 RECALL_LINE = re.compile(
     r"INFO:     recall chat='log-chat' type=normal floor=0 -> completed/recall-completed source=fresh \d+\.\d ms"
 )
+
+
+def _user_arena_cap() -> bool:
+    return "MALLOC_ARENA_MAX" in os.environ or "arena_max" in os.environ.get("GLIBC_TUNABLES", "")
 
 
 @contextmanager
@@ -92,6 +97,8 @@ class TestServeLogs:
         # Same family as uvicorn's own lines: "INFO:" padded to 9 characters, then the message.
         assert f"INFO:     Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C to quit)" in lines
         assert QUERY not in stderr and "brass key" not in stderr
+        # The service caps glibc's arenas at start (service.malloc_arenas; memory_recall.heap).
+        assert ("INFO:     malloc arenas limited to 2" in lines) is bool(heap._glibc() and not _user_arena_cap())
 
     def test_log_level_is_honoured(self, tmp_path: Path) -> None:
         data, stderr, _ = _recall_and_stop(tmp_path, "--log-level", "warning")
