@@ -2,8 +2,8 @@
 elsewhere).
 
 A service that writes while it recalls has glibc's heaps creep upward for minutes, with the memory in use flat
-(measured with ``mallinfo2`` under the load script's chat-turn mix: 45–50 MiB in use throughout, the heaps
-growing from 57 to 85 MiB, the free space inside them from 12 to 34 MiB). Two things feed it:
+(measured with ``mallinfo2`` under the load script's chat-turn mix: 45–53 MiB in use throughout, the heaps
+growing from about 57 to 75–89 MiB in a minute, the free space inside them from 12 to 28–38 MiB). Two things feed it:
 
 * **Large long-lived buffers inside the heaps.** Every write that rewrites vector rows copies the chat's vector
   matrix (3.4 MiB at 2,000 messages, several times a second under load). glibc raises its mmap threshold to the
