@@ -95,4 +95,6 @@ def mapped_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     nbytes = count * dt.itemsize
     if nbytes < MAPPED_MIN_BYTES:
         return np.empty(shape, dt)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dt, count=count).reshape(shape)
+    # Private: a shared anonymous mapping (mmap's default) is shmem, outside the process's anonymous RSS.
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(mapping, dtype=dt, count=count).reshape(shape)

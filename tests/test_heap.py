@@ -6,6 +6,7 @@ import mmap
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,25 @@ def test_a_large_buffer_gets_its_own_zeroed_writable_mapping() -> None:
     view = arr[:3]
     assert view.base is arr.base and float(arr[-1, -1]) == 2.5
     assert heap.mapped_empty((1 << 17,), np.int64).base is not None  # exactly the bound: mapped
+
+
+def test_a_mapped_buffer_is_private_anonymous_memory() -> None:
+    """Counted in the process's anonymous RSS (a shared anonymous mapping would be shmem, outside it)."""
+    rows = 4 * heap.MAPPED_MIN_BYTES // (384 * 4)
+    arr = heap.mapped_empty((rows, 384), np.float32)
+    arr[:] = 1.0  # every page touched
+    start = arr.ctypes.data
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            inside = lo <= start < hi
+            if inside:
+                assert head[1][3] == "p", line  # private
+        elif head[:1] == ["Anonymous:"] and inside:
+            assert int(head[1]) >= arr.nbytes // 1024
+            return
+    raise AssertionError("the buffer's mapping is not in /proc/self/smaps")
 
 
 def test_limit_arenas_refuses_a_negative_count_and_keeps_the_default_for_zero() -> None:
