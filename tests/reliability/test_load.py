@@ -33,7 +33,40 @@ def test_mixed_load_has_no_errors(tmp_path: Path) -> None:
     assert trend is not None and 2 <= trend["samples"] < len(rss["anon_samples"])
     assert trend["growth"] == round(trend["last"] - trend["first"], 1)
     assert rss["messages_added_second_half"] <= out["kinds"]["message"]["ok"]
+    # The RSS without the model file's pages: the engine maps its model at the first embedding (the warm-up's), so
+    # from the sample after the warm-up on some of the file is resident.
+    assert [t for t, _ in rss["without_model_samples"]] == [t for t, _ in rss["samples"]]
+    pairs = list(zip(rss["without_model_samples"], rss["samples"], strict=True))
+    assert pairs[0][0][1] <= pairs[0][1][1] and all(0 < rest < mb for (_, rest), (_, mb) in pairs[1:])
+    assert rss["without_model_trend_second_half"]["samples"] == trend["samples"]
     assert out["clean_shutdown"]
+
+
+def test_mapped_rss_counts_the_resident_pages_of_the_directorys_bin_files(tmp_path: Path) -> None:
+    """A 2 MiB ``.bin`` file mapped in this process counts once its pages are read (some or all of it: the kernel
+    maps what the page cache holds around a fault); a mapped file of another name, or in another directory, does
+    not count."""
+    import mmap
+    import os
+
+    model = tmp_path / "engine" / "weights.bin"
+    model.parent.mkdir()
+    model.write_bytes(os.urandom(2 << 20))
+    other = tmp_path / "engine" / "notes.txt"
+    other.write_bytes(os.urandom(1 << 20))
+    with open(model, "rb") as f, open(other, "rb") as g:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        n = mmap.mmap(g.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            sum(n[i] for i in range(0, 1 << 20, 4096))  # the other file, every page
+            assert lt.mapped_rss_mb(os.getpid(), model.parent) == 0.0
+            sum(m[i] for i in range(0, 1 << 20, 4096))  # the model's first 1 MiB, page by page
+            assert 1.0 <= lt.mapped_rss_mb(os.getpid(), model.parent) <= 2.0
+            assert lt.mapped_rss_mb(os.getpid(), tmp_path / "elsewhere") == 0.0
+            assert lt.mapped_rss_mb(os.getpid(), None) == 0.0
+        finally:
+            m.close()
+            n.close()
 
 
 def test_half_trend_takes_the_in_load_samples_of_the_half() -> None:
