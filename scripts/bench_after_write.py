@@ -9,6 +9,10 @@ brought up to date (``refresh_ms``; ``event_ms`` = ingest + refresh, what the ev
 recall (the cache's ``get`` and the pipeline). ``--no-refresh`` leaves all of that to the recall, as before events
 refreshed (``snapshot_ms`` is then the ``get``).
 
+With ``--fill-vectors``, after each of those recalls the turn's new nodes get their vectors, as the background
+embedding writes them (``fill_write_ms``), and the cache applies that write (``fill_refresh_ms``: what the next
+event or recall pays otherwise); ``fill_in_place`` counts the fills that kept the vector matrix's memory.
+
 Prints one JSON object per size: p50/p95 of ``warm_ms``, ``ingest_ms``, ``refresh_ms``/``snapshot_ms``,
 ``event_ms``, ``recall_ms`` (the recall after the event), ``after_write_ms`` (refresh + recall), ``recall_ratio``
 (recall p50 / warm p50) and ``ratio`` (after-write p50 / warm p50); the same as process CPU time (``*_cpu_ms``,
@@ -64,7 +68,8 @@ def _graph(n: int, store_dir: Path) -> Path:
 
 
 def bench_size(
-    n: int, turns: int, warm: int, store_dir: Path, refresh: bool = True, profile: str = "app"
+    n: int, turns: int, warm: int, store_dir: Path, refresh: bool = True, profile: str = "app",
+    fill_vectors: bool = False,
 ) -> dict[str, Any]:
     from memory_recall import bench
     from memory_recall.ingest.messages import ingest_messages
@@ -116,6 +121,11 @@ def bench_size(
             warm_runs = [recall(k) for k in range(warm)]
             warm_ms, warm_cpu = [w for w, _ in warm_runs], [c for _, c in warm_runs]
             ingest, update, after, total, total_cpu, recall_cpu = [], [], [], [], [], []
+            fill_write: list[float] = []
+            fill_refresh: list[float] = []
+            shared: list[bool] = []
+            rng = np.random.default_rng(0)
+            n_before = cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now).n
             how: Counter[str] = Counter()
             for j in range(turns):
                 message = ChatMessage(floor=9_000_000 + j, role="user", speaker=bench.USER,
@@ -132,6 +142,26 @@ def bench_size(
                 how[getattr(cache, "last_update", {}).get(bench.CHAT, "rebuild")] += 1
                 run(snap, j, after_stages)
                 t3, c3 = time.perf_counter(), time.process_time()
+                if fill_vectors:  # the background embedding of the turn's new nodes, then what applies it
+                    new_rows = np.flatnonzero(~snap.has_vector[n_before:]) + n_before
+                    vectors = rng.standard_normal((new_rows.size, snap.dim)).astype(np.float32)
+                    t4 = time.perf_counter()
+                    with store.write(bench.CHAT) as w:
+                        w.put_embeddings(LOCAL_MODEL_ID, {snap.ids[int(i)]: v for i, v in zip(new_rows, vectors,
+                                                                                             strict=True)})
+                    t5 = time.perf_counter()
+                    for fresh in cache.refresh(store, bench.CHAT, now_ms=now):
+                        prepare_snapshot(fresh)
+                    store.refresh_bm25(bench.CHAT)
+                    t6 = time.perf_counter()
+                    filled = cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now)
+                    assert bool(filled.has_vector[new_rows].all())
+                    fill_write.append((t5 - t4) * 1000)
+                    fill_refresh.append((t6 - t5) * 1000)
+                    shared.append(bool(np.shares_memory(filled.embeddings, snap.embeddings)))
+                    n_before = filled.n
+                else:
+                    n_before = snap.n
                 total_cpu.append((c3 - c1) * 1000)
                 recall_cpu.append((c3 - c2) * 1000)
                 ingest.append((t1 - t0) * 1000)
@@ -153,6 +183,9 @@ def bench_size(
         "loadavg": [round(v, 2) for v in os.getloadavg()],
         "stage_extra_ms": _stage_extra(warm_stages, after_stages),
     }
+    if fill_vectors:
+        out.update(fill_write_ms=_pct(fill_write), fill_refresh_ms=_pct(fill_refresh),
+                   fill_in_place=f"{sum(shared)}/{len(shared)}")
     return out
 
 
@@ -166,13 +199,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave the snapshot update to the recall (the code before events refreshed it)")
     parser.add_argument("--profile", choices=("app", "default"), default="app",
                         help="the settings profile of the recalls (default: app)")
+    parser.add_argument("--fill-vectors", action="store_true",
+                        help="after each turn's recall, write the new nodes' vectors as the background embedding "
+                             "does and time the write (fill_write_ms) and the refresh that applies it "
+                             "(fill_refresh_ms, before the next turn)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="after-write-graphs-") as tmp:
         store_dir = Path(args.store_dir or tmp)
         store_dir.mkdir(parents=True, exist_ok=True)
         for n in (int(s) for s in args.sizes.split(",") if s):
             print(json.dumps(bench_size(
-                n, args.turns, args.warm, store_dir, not args.no_refresh, args.profile)), flush=True)
+                n, args.turns, args.warm, store_dir, not args.no_refresh, args.profile, args.fill_vectors)),
+                flush=True)
     return 0
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from memory_recall.pipeline._graph_cache import active_mask, hidden_mask
+from memory_recall.pipeline._graph_cache import active_mask, hidden_mask, register_recipe
 from memory_recall.pipeline.scoring import (
     carry_rows,
     knowledge_gate,
@@ -118,12 +118,8 @@ def _verdicts(snapshot: Any, key: Hashable) -> np.ndarray:
     with every scene its parent held (:func:`_carried_scenes`), so the scenes of the turns before a write keep
     their verdicts too.
     """
-    structure = snapshot.structure
+    scenes = _scenes(snapshot)
     with _VERDICTS_LOCK:
-        scenes = _VERDICTS.get(structure)
-        if scenes is None:
-            scenes = _carried_scenes(structure, snapshot.n)
-            _VERDICTS[structure] = scenes
         arr = scenes.get(key)
         if arr is None:
             arr = np.full(snapshot.n, -1, dtype=np.int8)
@@ -133,6 +129,20 @@ def _verdicts(snapshot: Any, key: Hashable) -> np.ndarray:
         else:
             scenes.move_to_end(key)
         return arr
+
+
+def _scenes(snapshot: Any) -> OrderedDict[Hashable, np.ndarray]:
+    """The verdict arrays of ``snapshot``'s structure (its parent's carried over on first use). Also derived by
+    :func:`~memory_recall.pipeline._graph_cache.prepare` after a write, so that a write no recall follows (a
+    turn's background vectors) passes the verdicts on to the next structure."""
+    structure = snapshot.structure
+    with _VERDICTS_LOCK:
+        scenes = _VERDICTS.get(structure)
+        if scenes is None:
+            scenes = _carried_scenes(structure, snapshot.n)
+            _VERDICTS[structure] = scenes
+    register_recipe(snapshot, ("admission", "verdicts"), _scenes)
+    return scenes
 
 
 def _carried_scenes(structure: Any, n: int) -> OrderedDict[Hashable, np.ndarray]:

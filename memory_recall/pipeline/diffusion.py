@@ -399,11 +399,15 @@ def _spliced(old: sp.csr_array, rows: np.ndarray, sub: sp.csr_array, n: int) -> 
     """``old`` (canonical, n_old × n_old) grown to n × n, with its rows at ``rows`` (sorted unique, appended rows
     included when they hold entries) replaced by the rows of ``sub`` (one per entry of ``rows``, in that order;
     canonical): the untouched runs of rows are copied in C, O(len(rows)) Python. ``None`` when the index dtypes
-    differ or the result would not fit them (build then)."""
+    differ or the result would not fit them (build then). No row changed: ``old`` itself (never modified)."""
     dtype = old.indices.dtype
-    if sub.indices.dtype != dtype or old.indptr.dtype != dtype or sub.indptr.dtype != dtype:
-        return None
     n_old = old.shape[0]
+    if rows.size == 0 and n == n_old:  # a change no row of this matrix depends on (the vectors of a turn)
+        return old
+    # A ``sub`` without entries (rows emptied, or none) has the index dtype scipy picks for an empty matrix.
+    if old.indptr.dtype != dtype or (
+            int(sub.indptr[-1]) and (sub.indices.dtype != dtype or sub.indptr.dtype != dtype)):
+        return None
     if rows.size == 0 or rows[0] >= n_old:
         # Only appended rows (a new message linked to new nodes only): the old rows, then the new ones.
         nnz = int(old.indptr[-1])

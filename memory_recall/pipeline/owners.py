@@ -98,7 +98,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.pipeline._admission import admissible, rows_of
-from memory_recall.pipeline._graph_cache import cached, cached_stats
+from memory_recall.pipeline._graph_cache import cached, cached_stats, register_recipe
 from memory_recall.pipeline.scoring import scope_buckets, temporal_director
 from memory_recall.pipeline.state import (
     ContextInfo,
@@ -660,7 +660,8 @@ def _participant_memo(snapshot: GraphSnapshot) -> _ParticipantTable:
         memo = _PARTICIPANTS.get(structure)
         if memo is None or len(memo) >= MAX_PARTICIPANT_MEMO:
             memo = _PARTICIPANTS[structure] = fresh
-        return memo
+    register_recipe(snapshot, ("owners", "participants"), _participant_memo)
+    return memo
 
 
 def _updated_participants(

@@ -90,7 +90,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.model.graph import PRIMARY_LEXICAL_FIELDS, SECONDARY_LEXICAL_FIELDS, Node
-from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask, without_rows
+from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask, register_recipe, without_rows
 from memory_recall.pipeline.kernels.lexical import PackedFieldTable, PreparedNode, prepare_node, prepare_sources
 from memory_recall.pipeline.kind_weights import (
     MESSAGE_TYPE_CODE,
@@ -784,6 +784,24 @@ def _carried_scene_codes(structure: SnapshotStructure, vocab: dict[str, int]) ->
     }
 
 
+def _structure_scenes(snapshot: GraphSnapshot, arrays: _SnapshotArrays | None = None) -> dict[Hashable, _SceneCodes]:
+    """The scene codes of ``snapshot``'s structure (its parent's recent ones carried over on first use). Also
+    derived by :func:`~memory_recall.pipeline._graph_cache.prepare` after a write, so that a write no recall
+    follows (a turn's background vectors) passes the scenes on to the next structure."""
+    structure = snapshot.structure
+    with _SCENES_LOCK:
+        per = _SCENES.get(structure)
+    if per is None:
+        vocab = (arrays if arrays is not None else _snapshot_arrays(snapshot)).vocab
+        with _SCENES_LOCK:
+            per = _SCENES.get(structure)
+            if per is None:
+                per = _SCENES[structure] = _carried_scene_codes(structure, vocab)
+                _SCENE_VOCABS[structure] = vocab
+    register_recipe(snapshot, ("scoring", "scene-codes"), _structure_scenes)
+    return per
+
+
 def _scene_codes(
     snapshot: GraphSnapshot, arrays: _SnapshotArrays, context: ContextInfo, region_scoped: bool
 ) -> _SceneCodes:
@@ -795,11 +813,8 @@ def _scene_codes(
         context.active_region, tuple(context.adjacent_regions), bool(region_scoped),
     )
     structure = snapshot.structure
+    per = _structure_scenes(snapshot, arrays)
     with _SCENES_LOCK:
-        per = _SCENES.get(structure)
-        if per is None:
-            per = _SCENES[structure] = _carried_scene_codes(structure, arrays.vocab)
-            _SCENE_VOCABS[structure] = arrays.vocab
         found = per.get(key)
     if found is not None:
         return found
@@ -825,10 +840,11 @@ def _scene_codes(
         adjacent=codes(adjacent) if region_on and adjacent else [],
     )
     with _SCENES_LOCK:
-        per = _SCENES.get(structure)
-        if per is None:
-            per = _SCENES[structure] = {}
+        held = _SCENES.get(structure)
+        if held is None:
+            held = _SCENES[structure] = {}
             _SCENE_VOCABS[structure] = arrays.vocab
+        per = held
         if len(per) >= MAX_SCENES_PER_SNAPSHOT:
             per.clear()
         per[key] = scene
@@ -1174,9 +1190,9 @@ class _RescueSamples:
 
 
 def _same_rows(old: np.ndarray, new: np.ndarray) -> bool:
-    """Whether the rows of ``old`` are the first rows of ``new`` in the same memory. A delta that writes an old
-    row's vector copies the matrix (:func:`~memory_recall.store.snapshot.apply_delta`), so the same memory means
-    the same old rows."""
+    """Whether the rows of ``old`` are the first rows of ``new`` in the same memory. A delta that writes a row
+    that held a vector copies the matrix (:func:`~memory_recall.store.snapshot.apply_delta`; only rows without one
+    are filled in place), and a sample holds rows with a vector only, so the same memory means the same rows."""
     return (old.ndim == new.ndim == 2 and old.shape[0] <= new.shape[0] and old.shape[1:] == new.shape[1:]
             and old.strides == new.strides and old.dtype == new.dtype
             and (old.size == 0 or old.ctypes.data == new.ctypes.data))

@@ -277,6 +277,11 @@ class VectorPrefilterStage(TimedStage):
         q_matrix = np.stack(vectors)
 
         sims = query_similarities(snap.embeddings, q_matrix)
+        # A row without a vector holds unspecified values (a newer snapshot may have filled it in place): zero its
+        # cosines, which the turn context below reads for a turn's neighbours.
+        missing = np.flatnonzero(~snap.has_vector)
+        if missing.size:
+            sims[:, missing] = 0.0
         k = self.selection.top_k
         # Turn context (pipeline.turn_context): a chat turn's cosine averaged with its neighbours' (message nodes).
         sims = with_turn_context(sims, snap, self.settings.turn_context_previous, self.settings.turn_context_next)

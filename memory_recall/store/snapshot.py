@@ -900,23 +900,36 @@ def _leading_view(view: np.ndarray, data: np.ndarray) -> bool:
 
 
 class _RowBuffer:
-    """A float32 matrix with spare rows, shared by the vector matrices of a chain of appending deltas: each
-    snapshot's matrix is a leading view (``data[:n]``); an append writes the next rows in place and hands out a
-    longer view, so the older snapshots (shorter views) never see them. Only the holder of the longest view may
-    append (:meth:`appended`); any other caller copies."""
+    """A float32 matrix with spare rows, shared by the vector matrices of a chain of deltas: each snapshot's matrix
+    is a leading view (``data[:n]``). A delta from the chain's newest snapshot (the *head*: the view this buffer
+    handed out last) writes in place: appended rows into the spare rows (older snapshots, shorter views, never see
+    them), and the first vector of a row that has never held one (a node the previous event added without a vector,
+    which the background embedding now fills). Older snapshots that have the row see its new values, but each has
+    ``has_vector`` false there, and every reader of a snapshot's vectors masks those rows (recall-spec: a row
+    without a vector holds unspecified values). A row that held a vector (*claimed*) is never written in place:
+    a snapshot may still read it, so rewriting or deleting it copies the matrix. Any caller but the head copies."""
 
-    __slots__ = ("__weakref__", "_lock", "_used", "data")
+    __slots__ = ("__weakref__", "_claimed", "_head", "_lock", "_used", "data")
 
 
-    def __init__(self, data: np.ndarray, used: int) -> None:
+    def __init__(self, data: np.ndarray, used: int, has_vector: np.ndarray) -> None:
         self.data = data
         self._used = used
         self._lock = threading.Lock()
+        self._head: np.ndarray = data[:used]
+        # Rows that held a vector in some snapshot of this buffer (a row written once stays claimed).
+        self._claimed = np.zeros(data.shape[0], dtype=bool)
+        self._claimed[: has_vector.size] = has_vector
+
+    @property
+    def head(self) -> np.ndarray:
+        """The view handed out last (the chain's newest matrix)."""
+        return self._head
 
     @classmethod
-    def holding(cls, matrix: np.ndarray) -> _RowBuffer | None:
+    def holding(cls, matrix: np.ndarray, has_vector: np.ndarray) -> _RowBuffer | None:
         """The buffer ``matrix`` is the leading rows of, when it was allocated with spare rows after it (the
-        store's read of a chat's vectors), else ``None``."""
+        store's read of a chat's vectors; ``has_vector`` its rows' mask), else ``None``."""
         data = matrix.base
         if not (isinstance(data, np.ndarray) and data.base is None and data.dtype == matrix.dtype == np.float32
                 and data.ndim == matrix.ndim == 2 and data.shape[1] == matrix.shape[1]
@@ -926,30 +939,37 @@ class _RowBuffer:
         with _HELD_LOCK:  # one buffer object per memory: two snapshots built from one read share its rows' use
             held = _HELD.get(id(data))
             if held is None or held.data is not data:
-                held = _HELD[id(data)] = cls(data, matrix.shape[0])
+                held = _HELD[id(data)] = cls(data, matrix.shape[0], has_vector)
+                held._head = matrix
         return held
 
     @classmethod
-    def of(cls, matrix: np.ndarray, extra: int) -> _RowBuffer:
-        """A buffer holding a copy of ``matrix`` followed by ``extra`` zero rows (its longest view: ``data[:n +
-        extra]``), with spare rows after them."""
+    def of(cls, matrix: np.ndarray, has_vector: np.ndarray, extra: int) -> _RowBuffer:
+        """A buffer holding a copy of ``matrix`` (its rows without a vector, per ``has_vector``, zero) followed by
+        ``extra`` zero rows (its head: ``data[:n + extra]``), with spare rows after them."""
         n = matrix.shape[0]
         # Its own mapping when large (a new buffer per rewriting write would otherwise split the heaps).
         data = mapped_empty((n + extra + spare_rows(n), matrix.shape[1]), np.float32)
         data[:n] = matrix
+        # The copied matrix may be an older snapshot's, whose rows without a vector a newer one filled in place.
+        data[np.flatnonzero(~has_vector[:n])] = 0.0
         data[n:n + extra] = 0.0
-        return cls(data, n + extra)
+        return cls(data, n + extra, has_vector[:n])
 
-    def appended(self, view: np.ndarray, extra: int) -> np.ndarray | None:
-        """``view`` with ``extra`` zero rows appended, written in place; ``None`` when ``view`` is not this
-        buffer's longest view or the spare rows are too few."""
+    def extended(self, view: np.ndarray, extra: int, fill: np.ndarray) -> np.ndarray | None:
+        """``view`` with ``extra`` zero rows appended, written in place, for a delta that then writes the vectors
+        of the rows ``fill`` (positions in the result; claimed from now on) into it; ``None`` when ``view`` is not
+        the head, the spare rows are too few, or a row of ``fill`` below ``view``'s length was ever claimed."""
         with self._lock:
             n = view.shape[0]
-            if n != self._used or not _leading_view(view, self.data) or n + extra > self.data.shape[0]:
+            if (view is not self._head or n != self._used or not _leading_view(view, self.data)
+                    or n + extra > self.data.shape[0] or bool(self._claimed[fill].any())):
                 return None
             self.data[n:n + extra] = 0.0
+            self._claimed[fill] = True
             self._used = n + extra
-            return self.data[:n + extra]
+            self._head = self.data[:n + extra]
+            return self._head
 
 
 #: Buffers handed out by :func:`appended_rows` → how many leading rows are in use (keyed by ``id``; an entry
@@ -1298,7 +1318,9 @@ class GraphSnapshot:
     has_span_label: np.ndarray
     prev_index: np.ndarray  # (n,) int64, −1 when none/missing
     next_index: np.ndarray
-    embeddings: np.ndarray  # (n × d) float32, L2-normalised rows, zeros where missing
+    # (n × d) float32, L2-normalised rows; a row without a vector is zero when the snapshot is made, but a newer
+    # snapshot sharing the memory may fill it in place (``_RowBuffer``): readers mask rows by ``has_vector``.
+    embeddings: np.ndarray
     has_vector: np.ndarray  # (n,) bool
     adjacency: sp.csr_matrix  # (n × n) summed strengths of active normal edges, symmetric
     inhibit: sp.csr_matrix  # (n × n) summed strengths of active inhibit edges, symmetric
@@ -1565,7 +1587,7 @@ def _build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     knowledge = _knowledge_arrays(source.knowledge, index, scope_owner_key, n)
     base = None
     if source.node_rids is not None and source.edge_rowids is not None:
-        base = _DeltaBase(source.node_rids, c, cols, source.edge_rowids, vectors=_RowBuffer.holding(emb))
+        base = _DeltaBase(source.node_rids, c, cols, source.edge_rowids, vectors=_RowBuffer.holding(emb, has_vec))
     return GraphSnapshot(
         chat_id=source.chat_id,
         version=source.version,
@@ -1958,20 +1980,24 @@ def _merged(
     dim = delta.vector_dim
     if dim and snap.dim and dim != snap.dim:
         return None
-    # Vector rows of kept nodes that the delta writes or deletes (the old snapshot's rows: copy then).
+    # Vector rows the delta writes (new positions) and kept rows whose vector it deletes.
     pos = np.arange(n)
     v_at = _positions(rids, delta.vector_rids) if delta.vector_rids.size and dim else np.zeros(0, np.int64)
     gone_v = pos[np.isin(rids, delta.deleted_vectors)] if delta.deleted_vectors.size else np.zeros(0, np.int64)
-    old_rows_written = bool((v_at[v_at >= 0] < kept_n).any() or (gone_v < kept_n).any())
+    written = v_at[v_at >= 0]
+    old_rows_written = bool((written < kept_n).any() or (gone_v < kept_n).any())
     if snap.dim and dim and take is None:
-        # Appended rows go into the spare rows of the matrix's buffer (the old snapshot keeps its shorter view).
-        # When kept rows are rewritten (the background embedding of the last turn's nodes) or there is no buffer
-        # to grow, the matrix is copied once into a buffer with spare rows, for the next turn's append.
+        # In place when the old snapshot is its buffer's head: appended rows go into the spare rows, and so do the
+        # first vectors of rows that never held one (the background embedding of the last turn's nodes). A row
+        # that held a vector (rewritten or deleted) or no buffer to grow: the matrix is copied once into a buffer
+        # with spare rows, for the next turns (older snapshots keep their bytes).
         buffer = base.vectors
-        emb = None if old_rows_written or buffer is None else buffer.appended(snap.embeddings, n - kept_n)
+        emb = None
+        if buffer is not None and not (gone_v < kept_n).any():
+            emb = buffer.extended(snap.embeddings, n - kept_n, written)
         if emb is None:
-            buffer = _RowBuffer.of(snap.embeddings, n - kept_n)
-            emb = buffer.data[:n]
+            buffer = _RowBuffer.of(snap.embeddings, snap.has_vector, n - kept_n)
+            emb = buffer.head
         new_rows = np.zeros(n - kept_n, bool)
         # The mask's kept rows are written below when old rows are: a copy then, else a shared append.
         has_vec = np.concatenate([snap.has_vector, new_rows]) if old_rows_written else appended_rows(
@@ -1980,6 +2006,7 @@ def _merged(
         buffer = None
         emb = np.concatenate([snap.embeddings[take], np.zeros((n - kept_n, dim), np.float32)])
         has_vec = np.concatenate([snap.has_vector[take], np.zeros(n - kept_n, bool)])
+        emb[np.flatnonzero(~has_vec)] = 0.0  # rows a newer snapshot of ``snap``'s buffer may have filled
     else:
         buffer = None
         emb = np.zeros((n, dim), np.float32)

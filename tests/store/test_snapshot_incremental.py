@@ -361,8 +361,11 @@ def _check_steps(path: Path, steps: list[tuple[str, int]]) -> GraphSnapshot:
         _recall(first, store, 0)
         previous = first
         for op, seed in steps:
+            # What the older snapshot's readers see of its vectors (its rows with one) must not change.
+            kept_rows = previous.embeddings[previous.has_vector].tobytes()
             expected = w.apply(op, seed)
             snap = w.cache.get(store, CHAT, MODEL, now_ms=w.now)
+            assert previous.embeddings[previous.has_vector].tobytes() == kept_rows, (op, seed)
             fresh = build_snapshot(store.snapshot_source(CHAT, MODEL), now_ms=w.now)
             assert snap.version == fresh.version == store.chat_version(CHAT)
             assert _differences(snap, fresh) == [], (op, seed)
@@ -638,8 +641,8 @@ def _buffer_rows(matrix: np.ndarray) -> int:
 def test_a_rewritten_vector_row_copies_once_and_the_next_append_writes_into_the_spare_rows(
     world: _World, monkeypatch: pytest.MonkeyPatch, mapped: bool
 ) -> None:
-    """A chat turn: a message is appended, then the background embedding writes the vector of a kept row. That
-    delta must copy the matrix (older snapshots keep their bytes); the copy has spare rows, so the next message
+    """An edited message: its node held a vector, and the background embedding writes its new one. That delta must
+    copy the matrix (an older snapshot may still read the old vector); the copy has spare rows, so the next message
     appends into them instead of copying again (at 10k nodes, 8 ms of every event). A large copy gets its own
     mapping (``mapped``: the bound lowered so this chat's small matrix is one), and the append works the same."""
     monkeypatch.setattr(heap, "MAPPED_MIN_BYTES", 0 if mapped else 1 << 40)
@@ -648,7 +651,9 @@ def test_a_rewritten_vector_row_copies_once_and_the_next_append_writes_into_the_
     appended = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
     before = appended.embeddings.copy()
     has_before = appended.has_vector.copy()
-    world.apply("vector", 32)  # a kept row's vector rewritten
+    target = appended.ids[int(np.flatnonzero(appended.has_vector)[3])]  # a kept row that holds a vector
+    with world.store.write(CHAT) as w:
+        w.put_embeddings(MODEL, {target: _vector(np.random.default_rng(32))})
     rewritten = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
     assert world.cache.last_update[CHAT] == "delta"
     assert not np.shares_memory(rewritten.embeddings, appended.embeddings)
@@ -667,3 +672,134 @@ def test_a_rewritten_vector_row_copies_once_and_the_next_append_writes_into_the_
     assert rewritten.has_vector.tolist() == new.has_vector[: rewritten.n].tolist()
     assert new.n == first.n + 2
     assert _differences(new, build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)) == []
+
+
+def _turn_without_vector(world: _World, i: int) -> Node:
+    """A chat turn as an event writes it: the node, chained to the last one, its vector still to come."""
+    last = world.ids()[-1]
+    node = Node(id=f"p{i:03d}", type="message", seq=500 + i, seq_range=(500 + i, 500 + i), prev_id=last,
+                created_time=NOW, fields={"text": f"the lantern at the harbor, turn {i}", "speaker": "Erin"})
+    with world.store.write(CHAT) as w:
+        w.upsert_nodes([node])
+    return node
+
+
+def test_the_background_vector_of_a_new_turn_is_written_in_place(world: _World) -> None:
+    """A chat turn: the event appends the turn's node without a vector, then the background embedding writes its
+    first vector. That row never held a vector, so the vector goes into the same memory (at 100k nodes a copy of
+    the matrix is 154 MB per message): the turn's snapshot then sees the vector in that row, but its
+    ``has_vector`` is false there and every recall on it answers as before, byte for byte; its rows with a vector
+    keep their bytes. The filled row is claimed: writing it again (an edit) copies, and so does a delta from a
+    snapshot that is no longer the newest, whose rows without a vector the copy holds as zeros."""
+    world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    world.apply("message", 41)
+    node = _turn_without_vector(world, 1)
+    pending = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert world.cache.last_update[CHAT] == "delta"
+    row = pending.index[node.id]
+    assert row == pending.n - 1 and not pending.has_vector[row] and not pending.embeddings[row].any()
+    recalled = [_recall(pending, world.store, k) for k in range(3)]
+    kept = pending.embeddings[pending.has_vector].tobytes()
+    has_before = pending.has_vector.copy()
+
+    vector = _vector(np.random.default_rng(42))
+    with world.store.write(CHAT) as w:
+        w.put_embeddings(MODEL, {node.id: vector})
+    filled = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert world.cache.last_update[CHAT] == "delta" and filled.n == pending.n
+    assert filled.embeddings.base is pending.embeddings.base and np.shares_memory(filled.embeddings, pending.embeddings)
+    assert filled.has_vector[row] and pending.has_vector.tolist() == has_before.tolist()
+    unit = vector / np.linalg.norm(vector)
+    assert pending.embeddings[row].tobytes() == filled.embeddings[row].tobytes() and np.allclose(
+        filled.embeddings[row], unit, atol=1e-6)
+    assert pending.embeddings[pending.has_vector].tobytes() == kept
+    assert [_recall(pending, world.store, k) for k in range(3)] == recalled
+    fresh = build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)
+    assert _differences(filled, fresh) == []
+    assert _recall(filled, world.store, 0) == _recall(fresh, world.store, 0)
+
+    # The next turn appends into the spare rows of the same memory, and its vector fills in place again.
+    node2 = _turn_without_vector(world, 2)
+    with world.store.write(CHAT) as w:
+        w.put_embeddings(MODEL, {node2.id: _vector(np.random.default_rng(43))})
+    second = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert second.n == filled.n + 1 and second.embeddings.base is filled.embeddings.base
+    assert _differences(second, build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)) == []
+
+    # A delta from the pending snapshot (no longer the newest): a copy, its rows without a vector zero.
+    delta = world.store.snapshot_delta(CHAT, MODEL, pending.version)
+    assert delta is not None
+    branch = apply_delta(pending, delta, now_ms=NOW)
+    assert branch is not None and not np.shares_memory(branch.embeddings, second.embeddings)
+    assert _differences(branch, second) == []
+
+    # Writing the filled row again (the message edited): a copy; the older snapshots keep their bytes.
+    before = second.embeddings.copy()
+    with world.store.write(CHAT) as w:
+        w.put_embeddings(MODEL, {node.id: _vector(np.random.default_rng(44))})
+    edited = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert world.cache.last_update[CHAT] == "delta"
+    assert not np.shares_memory(edited.embeddings, second.embeddings)
+    assert second.embeddings.tobytes() == before.tobytes()
+    assert edited.embeddings[row].tobytes() != before[row].tobytes()
+    assert _differences(edited, build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)) == []
+
+
+def test_a_turns_background_vectors_pass_the_derived_values_on(world: _World) -> None:
+    """Between two chat events the background embedding writes the last turn's vectors, and no recall runs on
+    that version. Its refresh still derives every per-structure value from the turn's (the diffusion matrices
+    shared as they are: a vector changes none of their rows; the owner, admission and scene memos carried), so
+    the recall after the next event derives from them instead of building them again."""
+    from memory_recall.pipeline import _admission
+
+    def kept(snap: GraphSnapshot) -> dict[str, bool]:
+        keys = _graph_cache._CACHE.get(snap.structure, {})
+        return {
+            "diffusion": any(isinstance(k, tuple) and k[0] == "diffusion-adjacency" for k in keys),
+            "participants": snap.structure in owners._PARTICIPANTS,
+            "verdicts": bool(_admission._VERDICTS.get(snap.structure)),
+            "scenes": bool(scoring._SCENES.get(snap.structure)),
+        }
+
+    _turn_without_vector(world, 1)
+    turn = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    _recall(turn, world.store, 0)
+    assert kept(turn) == dict.fromkeys(("diffusion", "participants", "verdicts", "scenes"), True)
+    with world.store.write(CHAT) as w:
+        w.put_embeddings(MODEL, {turn.ids[-1]: _vector(np.random.default_rng(51))})
+    filled = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    prepare_snapshot(filled)  # what the refresh after the write does; no recall on this version
+    assert kept(filled) == kept(turn)
+    key = next(k for k in _graph_cache._CACHE[filled.structure]
+               if isinstance(k, tuple) and k[0] == "diffusion-adjacency")
+    adjacency, parent_adjacency = _graph_cache._CACHE[filled.structure][key], _graph_cache._CACHE[turn.structure][key]
+    assert adjacency.normal is parent_adjacency.normal and adjacency.inhibit is parent_adjacency.inhibit
+    _turn_without_vector(world, 2)
+    nxt = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    prepared = prepare_snapshot(nxt)
+    assert kept(nxt) == kept(turn) and key in prepared
+    assert ("owners", "participants") in prepared and ("admission", "verdicts") in prepared
+    before = set(_graph_cache._CACHE[nxt.structure])
+    fresh = build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)
+    assert _recall(nxt, world.store, 0) == _recall(fresh, world.store, 0)
+    assert _cache_differences(nxt, fresh) == []
+    assert before <= set(_graph_cache._CACHE[nxt.structure])
+
+
+def test_a_copy_of_an_older_view_zeroes_the_rows_it_has_without_a_vector() -> None:
+    """:class:`_RowBuffer`: a row filled in place by the head shows in an older view that has no vector there;
+    a copy made from that older view holds zeros in it (what a fresh build of the older view's version holds)."""
+    data = np.zeros((8, 2), np.float32)
+    data[:3] = [[1, 0], [0, 1], [0, 0]]
+    has = np.array([True, True, False])
+    buffer = snapshot_module._RowBuffer(data, 3, has)
+    old = buffer.head
+    grown = buffer.extended(old, 1, np.array([2, 3]))
+    assert grown is not None and grown.shape == (4, 2) and buffer.head is grown
+    grown[2:4] = [[0.6, 0.8], [1, 0]]
+    assert old[2].tolist() == [np.float32(0.6), np.float32(0.8)]  # the older view sees the row, masked by ``has``
+    assert buffer.extended(old, 1, np.zeros(0, np.int64)) is None  # not the head
+    assert buffer.extended(grown, 0, np.array([2])) is None  # row 2 is claimed now
+    assert buffer.extended(grown, 1, np.zeros(0, np.int64)) is not None
+    copy = snapshot_module._RowBuffer.of(old, has, 1)
+    assert copy.head.tolist() == [[1, 0], [0, 1], [0, 0], [0, 0]]
