@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from memory_recall.pipeline._graph_cache import active_mask, hidden_mask, register_recipe
+from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask
 from memory_recall.pipeline.scoring import (
     carry_rows,
     knowledge_gate,
@@ -103,7 +103,7 @@ def _memo(slot: str, key: tuple[Any, ...], build: Any) -> Any:
 #: Zero-evidence verdict arrays kept per snapshot: one per recent scene (owners, region, story time, settings).
 MAX_SCENES_PER_SNAPSHOT = 8
 
-_VERDICTS: weakref.WeakKeyDictionary[Any, OrderedDict[Hashable, np.ndarray]] = weakref.WeakKeyDictionary()
+#: Guards the scenes' verdict tables (filled in place by the recalls on a structure).
 _VERDICTS_LOCK = threading.Lock()
 
 
@@ -113,10 +113,8 @@ def _verdicts(snapshot: Any, key: Hashable) -> np.ndarray:
     The zero-evidence verdict reads only the snapshot, the :class:`ContextInfo` (scene owners, region, story
     time — all frozen and compared by value) and the two settings sections, so a scene that stays the same
     over several turns reuses what earlier recalls judged. The verdict reads none of the statistics overlay
-    (scope buckets, the knowledge gate, the temporal director), so the arrays are kept per snapshot structure:
-    they survive reinforcement writes and die with the structure (weak keys). A structure a delta updated starts
-    with every scene its parent held (:func:`_carried_scenes`), so the scenes of the turns before a write keep
-    their verdicts too.
+    (scope buckets, the knowledge gate, the temporal director), so the arrays are kept per snapshot structure
+    (:func:`_scenes`): they survive reinforcement writes and die with the structure.
     """
     scenes = _scenes(snapshot)
     with _VERDICTS_LOCK:
@@ -132,33 +130,26 @@ def _verdicts(snapshot: Any, key: Hashable) -> np.ndarray:
 
 
 def _scenes(snapshot: Any) -> OrderedDict[Hashable, np.ndarray]:
-    """The verdict arrays of ``snapshot``'s structure (its parent's carried over on first use). Also derived by
-    :func:`~memory_recall.pipeline._graph_cache.prepare` after a write, so that a write no recall follows (a
-    turn's background vectors) passes the verdicts on to the next structure."""
-    structure = snapshot.structure
-    with _VERDICTS_LOCK:
-        scenes = _VERDICTS.get(structure)
-        if scenes is None:
-            scenes = _carried_scenes(structure, snapshot.n)
-            _VERDICTS[structure] = scenes
-    register_recipe(snapshot, ("admission", "verdicts"), _scenes)
-    return scenes
+    """The verdict arrays of the scenes judged on ``snapshot``'s structure (most recent last), a per-structure
+    value (:func:`~memory_recall.pipeline._graph_cache.cached`). A structure a delta updated starts with every
+    scene its parent held (:func:`_carried_scenes`), derived after the write, so the scenes of the turns before it
+    keep their verdicts, also across a write no recall follows (a turn's background vectors)."""
+    empty: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+    return cached(snapshot, ("admission", "verdicts"), lambda: empty, _carried_scenes, recipe=_scenes)[0]
 
 
-def _carried_scenes(structure: Any, n: int) -> OrderedDict[Hashable, np.ndarray]:
-    """The verdict arrays of every scene the parent structure (the one a delta updated into ``structure``) held,
-    in its order, with the verdicts of the nodes the delta left unchanged and −1 for the others; none when the
-    chat state was written (the gate and the director read it). A node's verdict reads only the node, the scene
-    and the state. O(scenes × n) in numpy, no scan of the nodes in Python. Called under ``_VERDICTS_LOCK``."""
+def _carried_scenes(old: OrderedDict[Hashable, np.ndarray], change: Any) -> OrderedDict[Hashable, np.ndarray]:
+    """The parent structure's verdict arrays ``old``, in its order, with the verdicts of the nodes ``change`` left
+    unchanged and −1 for the others; none when the chat state was written (the gate and the director read it). A
+    node's verdict reads only the node, the scene and the state. O(scenes × n) in numpy, no scan of the nodes in
+    Python."""
     out: OrderedDict[Hashable, np.ndarray] = OrderedDict()
-    change, parent = structure.change, structure.parent
-    if change is None or parent is None or change.state_changed:
+    if change.state_changed:
         return out
-    scenes = _VERDICTS.get(parent)
-    if not scenes:
-        return out
-    for key, old in scenes.items():
-        out[key] = carry_rows(old, change, -1)
+    with _VERDICTS_LOCK:  # a recall on the parent may still be adding scenes
+        scenes = list(old.items())
+    for key, arr in scenes:
+        out[key] = carry_rows(arr, change, -1)
     return out
 
 

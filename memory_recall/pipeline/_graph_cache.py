@@ -51,7 +51,6 @@ __all__ = [
     "lookup",
     "mask_digest",
     "prepare",
-    "register_recipe",
     "unique_in_order",
     "without_rows",
 ]
@@ -157,15 +156,6 @@ def cached_stats(
         if not known:
             _register(snapshot.structure, ("stats", key), recipe)
     return _cached(snapshot, key, _not_built(key) if preparing and recipe is None else build)
-
-
-def register_recipe(snapshot: GraphSnapshot, key: Hashable, recipe: Callable[[GraphSnapshot], object]) -> None:
-    """For a per-structure value kept outside :func:`cached` (a memo table of its own): have :func:`prepare`
-    call ``recipe(child)`` for the structures updated from ``snapshot``'s, so the value is derived after every
-    write, also one no recall follows (a turn's background vectors between two events), and the chain of
-    derivations is not broken. ``recipe`` must only derive under :func:`prepare` (or raise what
-    :func:`cached` raises there)."""
-    _register(snapshot.structure, key, recipe)
 
 
 def _register(structure: Any, key: Hashable, recipe: Callable[[GraphSnapshot], object]) -> None:

@@ -89,7 +89,6 @@ Departures (recall-spec)
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -98,7 +97,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.pipeline._admission import admissible, rows_of
-from memory_recall.pipeline._graph_cache import cached, cached_stats, register_recipe
+from memory_recall.pipeline._graph_cache import cached, cached_stats
 from memory_recall.pipeline.scoring import scope_buckets, temporal_director
 from memory_recall.pipeline.state import (
     ContextInfo,
@@ -107,7 +106,7 @@ from memory_recall.pipeline.state import (
     TimedStage,
 )
 from memory_recall.settings import ContextSettings, OwnerSettings, ScoringSettings, SelectionSettings
-from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, SnapshotStructure, StructureChange, inserted
+from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, StructureChange, inserted
 from memory_recall.text.mentions import fold, term_occurs
 from memory_recall.text.normalize import js_len
 
@@ -633,34 +632,25 @@ class _ParticipantTable(dict[Hashable, Any]):
         self.catalogs: set[Any] = set() if catalogs is None else catalogs
 
 
-#: Keyed by the snapshot's structure (the memo reads no statistics).
-_PARTICIPANTS: weakref.WeakKeyDictionary[SnapshotStructure, _ParticipantTable] = weakref.WeakKeyDictionary()
+#: Guards the participant tables (filled in place by the recalls on a structure).
 _PARTICIPANTS_LOCK = threading.Lock()
 
 
 def _participant_memo(snapshot: GraphSnapshot) -> _ParticipantTable:
-    """Per snapshot: ``("catalog", owner_catalog)`` → :func:`_catalog_aliases`, ``(owner_catalog, i)`` →
-    :func:`_contributions`. Both read only the snapshot and the catalog, so the top scored nodes a scene keeps
-    finding are matched once (racing threads store equal values). A structure updated by a delta starts from its
-    parent's table (:func:`_updated_participants`)."""
-    structure = snapshot.structure
-    with _PARTICIPANTS_LOCK:
-        memo = _PARTICIPANTS.get(structure)
-        if memo is not None and len(memo) < MAX_PARTICIPANT_MEMO:
-            return memo
-        parent = structure.parent if memo is None and structure.change is not None else None
-        previous = _PARTICIPANTS.get(parent) if parent is not None else None
-    change = structure.change
-    fresh = (
-        _updated_participants(snapshot, previous, change) if previous is not None and change is not None else None
-    )
-    if fresh is None:
-        fresh = _ParticipantTable(_owner_signature(snapshot))
-    with _PARTICIPANTS_LOCK:
-        memo = _PARTICIPANTS.get(structure)
-        if memo is None or len(memo) >= MAX_PARTICIPANT_MEMO:
-            memo = _PARTICIPANTS[structure] = fresh
-    register_recipe(snapshot, ("owners", "participants"), _participant_memo)
+    """Per structure (:func:`cached`: the memo reads no statistics): ``("catalog", owner_catalog)`` →
+    :func:`_catalog_aliases`, ``(owner_catalog, i)`` → :func:`_contributions`. Both read only the snapshot and the
+    catalog, so the top scored nodes a scene keeps finding are matched once (racing threads store equal values). A
+    structure updated by a delta starts from its parent's table (:func:`_updated_participants`), derived after
+    the write. Emptied in place past :data:`MAX_PARTICIPANT_MEMO` entries."""
+    memo = cached(
+        snapshot, ("owners", "participants"), lambda: _ParticipantTable(_owner_signature(snapshot)),
+        lambda old, change: _updated_participants(snapshot, old, change), recipe=_participant_memo,
+    )[0]
+    if len(memo) >= MAX_PARTICIPANT_MEMO:
+        with _PARTICIPANTS_LOCK:  # a racing recall finds an entry gone and computes it again
+            if len(memo) >= MAX_PARTICIPANT_MEMO:
+                memo.clear()
+                memo.catalogs.clear()
     return memo
 
 

@@ -82,7 +82,6 @@ import functools
 import itertools
 import math
 import threading
-import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -90,7 +89,7 @@ from typing import Any
 import numpy as np
 
 from memory_recall.model.graph import PRIMARY_LEXICAL_FIELDS, SECONDARY_LEXICAL_FIELDS, Node
-from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask, register_recipe, without_rows
+from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask, without_rows
 from memory_recall.pipeline.kernels.lexical import PackedFieldTable, PreparedNode, prepare_node, prepare_sources
 from memory_recall.pipeline.kind_weights import (
     MESSAGE_TYPE_CODE,
@@ -117,7 +116,6 @@ from memory_recall.settings import ContextSettings, LexicalSettings, ScoringSett
 from memory_recall.store.snapshot import (
     TENSE_CODE,
     GraphSnapshot,
-    SnapshotStructure,
     StructureChange,
     appended_rows,
 )
@@ -758,48 +756,48 @@ class _SceneCodes:
     memo: dict[bool, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
 
-#: Scene codes kept per snapshot (weak keys: they die with it); emptied past this many scenes.
+#: Scene codes kept per snapshot structure; emptied past this many scenes.
 MAX_SCENES_PER_SNAPSHOT = 64
-#: Keyed by the snapshot's structure: the codes read no statistics (they survive reinforcement writes).
-_SCENES: weakref.WeakKeyDictionary[SnapshotStructure, dict[Hashable, _SceneCodes]] = weakref.WeakKeyDictionary()
-#: The vocabulary (``_SnapshotArrays.vocab``) each structure's scene codes were coded with.
-_SCENE_VOCABS: weakref.WeakKeyDictionary[SnapshotStructure, dict[str, int]] = weakref.WeakKeyDictionary()
+#: Guards the structures' scene tables (filled in place by the recalls on a structure).
 _SCENES_LOCK = threading.Lock()
 #: Scenes a structure a delta updated takes over from its parent (the most recent ones), with their memos.
 MAX_CARRIED_SCENES = 8
 
 
-def _carried_scene_codes(structure: SnapshotStructure, vocab: dict[str, int]) -> dict[Hashable, _SceneCodes]:
-    """The parent structure's most recent scenes for ``structure`` when its arrays kept the parent's vocabulary
-    (the update path of :func:`_snapshot_arrays` shares it: the same strings have the same codes), their memos
-    moved to the new positions (a node's scope code reads only the node and the scene; rewritten and new nodes are
-    classified again). Empty otherwise. O(scenes × n) in numpy. Called under ``_SCENES_LOCK``."""
-    parent, change = structure.parent, structure.change
-    if parent is None or change is None or _SCENE_VOCABS.get(parent) is not vocab:
-        return {}
-    scenes = list(_SCENES.get(parent, {}).items())[-MAX_CARRIED_SCENES:]
-    return {
+@dataclass(frozen=True, eq=False)
+class _StructureScenes:
+    """The scene codes of one structure (``codes``: scene key → :class:`_SceneCodes`, filled in place) and the
+    vocabulary (``_SnapshotArrays.vocab``) they were coded with. They read no statistics, so reinforcement writes
+    keep them."""
+
+    vocab: dict[str, int]
+    codes: dict[Hashable, _SceneCodes]
+
+
+def _structure_scenes(snapshot: GraphSnapshot, arrays: _SnapshotArrays | None = None) -> _StructureScenes:
+    """The scene codes of ``snapshot``'s structure, a per-structure value (:func:`cached`). A structure a delta
+    updated starts with its parent's most recent scenes (:func:`_carried_scene_codes`), derived after the write,
+    also across a write no recall follows (a turn's background vectors)."""
+    vocab = (arrays if arrays is not None else _snapshot_arrays(snapshot)).vocab
+    return cached(
+        snapshot, ("scoring", "scene-codes"), lambda: _StructureScenes(vocab, {}),
+        lambda old, change: _carried_scene_codes(old, change, vocab), recipe=_structure_scenes,
+    )[0]
+
+
+def _carried_scene_codes(old: _StructureScenes, change: StructureChange, vocab: dict[str, int]) -> _StructureScenes:
+    """The parent structure's most recent scenes ``old`` when the child's arrays kept the parent's vocabulary
+    ``vocab`` (the update path of :func:`_snapshot_arrays` shares it: the same strings have the same codes), their
+    memos moved to the new positions (a node's scope code reads only the node and the scene; rewritten and new
+    nodes are classified again). An empty table otherwise. O(scenes × n) in numpy."""
+    if old.vocab is not vocab:
+        return _StructureScenes(vocab, {})
+    with _SCENES_LOCK:  # a recall on the parent may still be adding scenes
+        scenes = list(old.codes.items())[-MAX_CARRIED_SCENES:]
+    return _StructureScenes(vocab, {
         key: dataclasses.replace(scene, memo={pov: carry_rows(m, change, -1) for pov, m in list(scene.memo.items())})
         for key, scene in scenes
-    }
-
-
-def _structure_scenes(snapshot: GraphSnapshot, arrays: _SnapshotArrays | None = None) -> dict[Hashable, _SceneCodes]:
-    """The scene codes of ``snapshot``'s structure (its parent's recent ones carried over on first use). Also
-    derived by :func:`~memory_recall.pipeline._graph_cache.prepare` after a write, so that a write no recall
-    follows (a turn's background vectors) passes the scenes on to the next structure."""
-    structure = snapshot.structure
-    with _SCENES_LOCK:
-        per = _SCENES.get(structure)
-    if per is None:
-        vocab = (arrays if arrays is not None else _snapshot_arrays(snapshot)).vocab
-        with _SCENES_LOCK:
-            per = _SCENES.get(structure)
-            if per is None:
-                per = _SCENES[structure] = _carried_scene_codes(structure, vocab)
-                _SCENE_VOCABS[structure] = vocab
-    register_recipe(snapshot, ("scoring", "scene-codes"), _structure_scenes)
-    return per
+    })
 
 
 def _scene_codes(
@@ -812,8 +810,7 @@ def _scene_codes(
         context.owner_keys, context.owner_mode, context.active_character_pov_owner, context.active_user_pov_owner,
         context.active_region, tuple(context.adjacent_regions), bool(region_scoped),
     )
-    structure = snapshot.structure
-    per = _structure_scenes(snapshot, arrays)
+    per = _structure_scenes(snapshot, arrays).codes
     with _SCENES_LOCK:
         found = per.get(key)
     if found is not None:
@@ -840,11 +837,6 @@ def _scene_codes(
         adjacent=codes(adjacent) if region_on and adjacent else [],
     )
     with _SCENES_LOCK:
-        held = _SCENES.get(structure)
-        if held is None:
-            held = _SCENES[structure] = {}
-            _SCENE_VOCABS[structure] = arrays.vocab
-        per = held
         if len(per) >= MAX_SCENES_PER_SNAPSHOT:
             per.clear()
         per[key] = scene

@@ -98,12 +98,14 @@ def _assert_memo_shared(old: owners._SnapshotMemo, new: owners._SnapshotMemo) ->
 
 def _assert_weak_tables_shared(old: GraphSnapshot, new: GraphSnapshot) -> None:
     """The admission verdicts, scoring scene codes and owner participant memo: keyed by the (shared) structure."""
-    tables = ((_admission._VERDICTS, _admission._VERDICTS_LOCK), (scoring._SCENES, scoring._SCENES_LOCK),
-              (owners._PARTICIPANTS, owners._PARTICIPANTS_LOCK))
     assert new.structure is old.structure
-    for table, lock in tables:
-        with lock:
-            assert table[old.structure]
+    with _graph_cache._LOCK:
+        entries = _graph_cache._CACHE[old.structure]
+        tables = [entries[key] for key in (("admission", "verdicts"), ("scoring", "scene-codes"),
+                                           ("owners", "participants"))]
+    assert tables[0] and tables[1].codes and tables[2]
+    assert _admission._scenes(new) is tables[0] and scoring._structure_scenes(new) is tables[1]
+    assert owners._participant_memo(new) is tables[2]
 
 
 def _assert_entries_equal_fresh_builds(carried: GraphSnapshot, fresh: GraphSnapshot) -> None:

@@ -108,14 +108,14 @@ class TestCarriedVerdicts:
             _verdict(first, np.arange(0, first.n, 2))
             other = dataclasses.replace(_CTX, active_region="region 2")
             admissible(scored_state(first, [], context=other), np.arange(first.n))
-            parent = dict(_admission._VERDICTS[first.structure])
+            parent = dict(_admission._scenes(first))
             assert len(parent) == 2
             with store.write(_CHAT) as w:
                 w.upsert_nodes([_node(16, "n015")])
             snap = cache.get(store, _CHAT, "", now_ms=_NOW)
             assert snap.structure.parent is first.structure and snap.structure.change.appended_only
             _admission._verdicts(snap, next(iter(parent)))
-            carried = _admission._VERDICTS[snap.structure]
+            carried = _admission._scenes(snap)
             assert set(carried) == set(parent)  # both scenes
             for key, old in parent.items():
                 assert carried[key].tolist() == [*old.tolist(), -1]
@@ -132,7 +132,7 @@ class TestCarriedVerdicts:
                 w.set_knowledge(_knowledge(["n000"]))
             snap = cache.get(store, _CHAT, "", now_ms=_NOW)
             assert snap.structure.parent is first.structure and snap.structure.change.state_changed
-            key = next(iter(_admission._VERDICTS[first.structure]))
+            key = next(iter(_admission._scenes(first)))
             assert (_admission._verdicts(snap, key) == -1).all()
             after = _verdict(snap, every)
             assert after == _verdict(_fresh(store), every) and after != before
@@ -147,7 +147,7 @@ class TestCarriedVerdicts:
                 w.upsert_nodes([_node(1, "n000").model_copy(update={"scope": MemoryScope(
                     layer="pov", owner_type="character", owner_name="Bob")})])
             snap = cache.get(store, _CHAT, "", now_ms=_NOW)
-            key = next(iter(_admission._VERDICTS[first.structure]))
+            key = next(iter(_admission._scenes(first)))
             carried = _admission._verdicts(snap, key)
             assert carried[snap.structure.change.rewritten].tolist() == [-1]
             assert _verdict(snap, every) == _verdict(_fresh(store), every)

@@ -1429,7 +1429,7 @@ class TestAfterAppend:
             _aw_append(store, 100)
             snap = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
             got = scope_buckets(snap, np.arange(snap.n), ctx)
-            assert list(scoring._SCENES[snap.structure]) == list(scoring._SCENES[first.structure])
+            assert list(scoring._structure_scenes(snap).codes) == list(scoring._structure_scenes(first).codes)
             assert got.tolist() == scope_buckets(_aw_fresh(store), np.arange(snap.n), ctx).tolist()
 
     def test_a_rewrite_that_keeps_the_coded_strings_is_updated(self, tmp_path: Path) -> None:

@@ -750,15 +750,14 @@ def test_a_turns_background_vectors_pass_the_derived_values_on(world: _World) ->
     that version. Its refresh still derives every per-structure value from the turn's (the diffusion matrices
     shared as they are: a vector changes none of their rows; the owner, admission and scene memos carried), so
     the recall after the next event derives from them instead of building them again."""
-    from memory_recall.pipeline import _admission
 
     def kept(snap: GraphSnapshot) -> dict[str, bool]:
         keys = _graph_cache._CACHE.get(snap.structure, {})
         return {
             "diffusion": any(isinstance(k, tuple) and k[0] == "diffusion-adjacency" for k in keys),
-            "participants": snap.structure in owners._PARTICIPANTS,
-            "verdicts": bool(_admission._VERDICTS.get(snap.structure)),
-            "scenes": bool(scoring._SCENES.get(snap.structure)),
+            "participants": bool(keys.get(("owners", "participants"))),
+            "verdicts": bool(keys.get(("admission", "verdicts"))),
+            "scenes": bool(keys[("scoring", "scene-codes")].codes) if ("scoring", "scene-codes") in keys else False,
         }
 
     _turn_without_vector(world, 1)
