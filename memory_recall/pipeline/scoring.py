@@ -82,6 +82,7 @@ import functools
 import itertools
 import math
 import threading
+import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -1155,12 +1156,34 @@ MAX_RESCUE_SAMPLES = 4
 
 @dataclass(frozen=True, eq=False)
 class _RescueSample:
-    """One :func:`rescue_sample`: its ``rows``, ``at`` the node positions of the rows (ascending) and ``source`` the
-    embedding matrix they were gathered from."""
+    """One :func:`rescue_sample`: its ``rows``, ``at`` the node positions of the rows (ascending), and where they
+    were gathered from: the embedding matrix's memory (``owner``, a weak reference to the array that holds it,
+    so a kept sample never keeps an old matrix alive), its first byte's ``address``, ``shape`` and ``strides``."""
 
     at: np.ndarray
     rows: np.ndarray
-    source: np.ndarray
+    owner: weakref.ref[np.ndarray]
+    address: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    @classmethod
+    def of(cls, at: np.ndarray, rows: np.ndarray, source: np.ndarray) -> _RescueSample:
+        return cls(at, rows, weakref.ref(_memory_owner(source)), int(source.ctypes.data), source.shape,
+                   source.strides)
+
+    def alive(self) -> bool:
+        """Whether the memory the rows came from is still held (else it may have been freed and reused)."""
+        return self.owner() is not None
+
+
+def _memory_owner(matrix: np.ndarray) -> np.ndarray:
+    """The array that holds ``matrix``'s memory: the end of its chain of array bases (a buffer with spare rows,
+    or the flat array over a mapping)."""
+    owner = matrix
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    return owner
 
 
 class _RescueSamples:
@@ -1177,17 +1200,19 @@ class _RescueSamples:
         is used only where its source rows are the child's own (:func:`_same_rows`)."""
         if not change.appended_only:
             return None
-        with self.lock:
-            return _RescueSamples(self.entries)
+        with self.lock:  # a sample whose matrix is gone can serve no later snapshot: dropped
+            return _RescueSamples([x for x in self.entries if x.alive()])
 
 
-def _same_rows(old: np.ndarray, new: np.ndarray) -> bool:
-    """Whether the rows of ``old`` are the first rows of ``new`` in the same memory. A delta that writes a row
-    that held a vector copies the matrix (:func:`~memory_recall.store.snapshot.apply_delta`; only rows without one
-    are filled in place), and a sample holds rows with a vector only, so the same memory means the same rows."""
-    return (old.ndim == new.ndim == 2 and old.shape[0] <= new.shape[0] and old.shape[1:] == new.shape[1:]
-            and old.strides == new.strides and old.dtype == new.dtype
-            and (old.size == 0 or old.ctypes.data == new.ctypes.data))
+def _same_rows(sample: _RescueSample, new: np.ndarray) -> bool:
+    """Whether the rows ``sample`` was gathered from are the first rows of ``new`` in the same memory (which is
+    still held, so its address is not another matrix's). A delta that writes a row that held a vector copies the
+    matrix (:func:`~memory_recall.store.snapshot.apply_delta`; only rows without one are filled in place), and a
+    sample holds rows with a vector only, so the same memory means the same rows."""
+    shape = sample.shape
+    return (len(shape) == new.ndim == 2 and shape[0] <= new.shape[0] and shape[1:] == new.shape[1:]
+            and sample.strides == new.strides and sample.rows.dtype == new.dtype
+            and (shape[0] == 0 or sample.address == new.ctypes.data) and sample.alive())
 
 
 def _rescue_samples(snap: GraphSnapshot) -> _RescueSamples:
@@ -1206,7 +1231,7 @@ def _rescue_sample(snap: GraphSnapshot, eligible: np.ndarray) -> tuple[np.ndarra
         return rescue_sample(emb, eligible)
     samples = _rescue_samples(snap)
     with samples.lock:
-        usable = [x for x in samples.entries if _same_rows(x.source, emb)]
+        usable = [x for x in samples.entries if _same_rows(x, emb)]
     for x in reversed(usable):
         if np.array_equal(x.at, at):
             return x.rows, count
@@ -1220,7 +1245,7 @@ def _rescue_sample(snap: GraphSnapshot, eligible: np.ndarray) -> tuple[np.ndarra
         missing = ~hit
     rows[missing] = emb[at[missing]]
     with samples.lock:
-        samples.entries.append(_RescueSample(at, rows, emb))
+        samples.entries.append(_RescueSample.of(at, rows, emb))
         del samples.entries[:-MAX_RESCUE_SAMPLES]
     return rows, count
 

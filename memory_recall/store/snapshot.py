@@ -1998,6 +1998,10 @@ def _merged(
         if emb is None:
             buffer = _RowBuffer.of(snap.embeddings, snap.has_vector, n - kept_n)
             emb = buffer.head
+            # The old buffer now lives only as long as the old snapshots' own views: the parent structure, which
+            # the child keeps until its next delta, must not hold a copy of the chat's matrix (154 MB at 100k)
+            # meanwhile. A later delta from an old snapshot copies (it would not be the head of a new buffer).
+            object.__setattr__(base, "vectors", None)
         new_rows = np.zeros(n - kept_n, bool)
         # The mask's kept rows are written below when old rows are: a copy then, else a shared append.
         has_vec = np.concatenate([snap.has_vector, new_rows]) if old_rows_written else appended_rows(

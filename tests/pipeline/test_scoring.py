@@ -1501,7 +1501,9 @@ class TestRescueSampleCarried:
                 eligible = child.has_vector.copy()
                 eligible[-1] = step % 2 == 0  # the newest node in and out of the sample
                 rows = check(child, eligible)
-                reused.append(scoring._same_rows(snap.embeddings, child.embeddings))
+                reused.append(scoring._same_rows(
+                    scoring._RescueSample.of(np.zeros(0, np.int64), np.zeros((0, 8), np.float32), snap.embeddings),
+                    child.embeddings))
                 served.append(rows is first)
                 same_sample.append(positions(eligible) == previous)
                 snap, first, previous = child, rows, positions(eligible)
@@ -1512,3 +1514,43 @@ class TestRescueSampleCarried:
             assert reused == [True, True, True, False, True, True]
             assert served == [r and same for r, same in zip(reused, same_sample, strict=True)]
             assert served == [False, True, True, False, False, True]
+
+    def test_kept_samples_do_not_keep_an_old_matrix_alive(self, tmp_path, monkeypatch) -> None:
+        """Each rewrite of a vector that an old node held copies the matrix. A structure carries its parent's
+        samples, but a sample holds its matrix's memory only weakly: once no snapshot (nor the parent structure
+        the newest one derives from) holds an old copy, the copy is freed, and the carried samples drop it. A
+        copy kept alive there is the size of the chat's matrix (154 MB at 100k nodes)."""
+        import gc
+        import weakref
+
+        monkeypatch.setattr(scoring, "RESCUE_MAX_SAMPLE", 12)
+        rng = np.random.default_rng(8)
+        with Store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            self._write(store, [(k, f"n{k:03d}") for k in range(40)], rng)
+            snap = cache.get(store, self.CHAT, self.MODEL, now_ms=0)
+            scoring._rescue_sample(snap, snap.has_vector.copy())
+            held = [weakref.ref(scoring._memory_owner(snap.embeddings))]
+            for _ in range(3):
+                store.put_embeddings(self.CHAT, self.MODEL, {"n004": rng.normal(size=8).astype(np.float32)})
+                snap = cache.get(store, self.CHAT, self.MODEL, now_ms=0)
+                assert snap.structure.change is not None and snap.structure.change.appended_only
+                got = scoring._rescue_sample(snap, snap.has_vector.copy())
+                want = scoring.rescue_sample(snap.embeddings, snap.has_vector.copy())
+                assert got[0].tobytes() == want[0].tobytes()
+                held.append(weakref.ref(scoring._memory_owner(snap.embeddings)))
+            gc.collect()
+            # Only the newest copy (the parent structure, which the child keeps until its next delta, let go of
+            # its buffer when the child copied it).
+            assert [ref() is not None for ref in held] == [False, False, False, True]
+            entries = scoring._rescue_samples(snap).entries
+            # Carried from the parent less the samples whose matrix was gone by then (all), then its own.
+            assert [x.owner() is held[3]() for x in entries] == [True]
+            store.put_embeddings(self.CHAT, self.MODEL, {"n005": rng.normal(size=8).astype(np.float32)})
+            child = cache.get(store, self.CHAT, self.MODEL, now_ms=0)
+            del snap, entries
+            gc.collect()
+            assert held[3]() is None
+            scoring._rescue_sample(child, child.has_vector.copy())
+            owner = scoring._memory_owner(child.embeddings)
+            assert [x.owner() is owner for x in scoring._rescue_samples(child).entries] == [True]
