@@ -11,7 +11,10 @@ refreshed (``snapshot_ms`` is then the ``get``).
 
 With ``--fill-vectors``, after each of those recalls the turn's new nodes get their vectors, as the background
 embedding writes them (``fill_write_ms``), and the cache applies that write (``fill_refresh_ms``: what the next
-event or recall pays otherwise); ``fill_in_place`` counts the fills that kept the vector matrix's memory.
+event or recall pays otherwise); ``fill_in_place`` counts the fills that kept the vector matrix's memory. With
+``--edit-vectors``, after that an old node that holds a vector gets a new one (an edited message re-embedded:
+the matrix is copied), the cache applies it (``edit_refresh_ms``) and a recall runs; ``anon_rss_mb`` is the
+process's anonymous RSS at the end (what the old copies still held cost).
 
 Prints one JSON object per size: p50/p95 of ``warm_ms``, ``ingest_ms``, ``refresh_ms``/``snapshot_ms``,
 ``event_ms``, ``recall_ms`` (the recall after the event), ``after_write_ms`` (refresh + recall), ``recall_ratio``
@@ -26,6 +29,7 @@ or more: the work the after-write recall still does that the warm one does not).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -69,7 +73,7 @@ def _graph(n: int, store_dir: Path) -> Path:
 
 def bench_size(
     n: int, turns: int, warm: int, store_dir: Path, refresh: bool = True, profile: str = "app",
-    fill_vectors: bool = False,
+    fill_vectors: bool = False, edit_vectors: bool = False,
 ) -> dict[str, Any]:
     from memory_recall import bench
     from memory_recall.ingest.messages import ingest_messages
@@ -124,6 +128,8 @@ def bench_size(
             fill_write: list[float] = []
             fill_refresh: list[float] = []
             shared: list[bool] = []
+            edit_refresh: list[float] = []
+            edit_stages: list[dict[str, float]] = []
             rng = np.random.default_rng(0)
             n_before = cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now).n
             how: Counter[str] = Counter()
@@ -162,6 +168,16 @@ def bench_size(
                     n_before = filled.n
                 else:
                     n_before = snap.n
+                if edit_vectors:  # an edited message re-embedded: a new vector for a node that held one
+                    old_rows = np.flatnonzero(snap.has_vector[: n // 2])
+                    target = snap.ids[int(old_rows[int(rng.integers(old_rows.size))])]
+                    t7 = time.perf_counter()
+                    with store.write(bench.CHAT) as w:
+                        w.put_embeddings(LOCAL_MODEL_ID, {target: rng.standard_normal(snap.dim).astype(np.float32)})
+                    for fresh in cache.refresh(store, bench.CHAT, now_ms=now):
+                        prepare_snapshot(fresh)
+                    edit_refresh.append((time.perf_counter() - t7) * 1000)
+                    run(cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now), j, edit_stages)
                 total_cpu.append((c3 - c1) * 1000)
                 recall_cpu.append((c3 - c2) * 1000)
                 ingest.append((t1 - t0) * 1000)
@@ -186,7 +202,21 @@ def bench_size(
     if fill_vectors:
         out.update(fill_write_ms=_pct(fill_write), fill_refresh_ms=_pct(fill_refresh),
                    fill_in_place=f"{sum(shared)}/{len(shared)}")
+    if edit_vectors:
+        gc.collect()
+        out.update(edit_refresh_ms=_pct(edit_refresh), anon_rss_mb=_anon_rss_mb())
     return out
+
+
+def _anon_rss_mb() -> float:
+    """This process's anonymous resident memory (Linux), MiB; 0 elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,13 +233,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="after each turn's recall, write the new nodes' vectors as the background embedding "
                              "does and time the write (fill_write_ms) and the refresh that applies it "
                              "(fill_refresh_ms, before the next turn)")
+    parser.add_argument("--edit-vectors", action="store_true",
+                        help="after each turn, also write a new vector for an old node that holds one (an edited "
+                             "message re-embedded: the matrix is copied), apply it (edit_refresh_ms) and recall; "
+                             "prints the anonymous RSS at the end (anon_rss_mb: one size per run for a clean "
+                             "figure)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="after-write-graphs-") as tmp:
         store_dir = Path(args.store_dir or tmp)
         store_dir.mkdir(parents=True, exist_ok=True)
         for n in (int(s) for s in args.sizes.split(",") if s):
             print(json.dumps(bench_size(
-                n, args.turns, args.warm, store_dir, not args.no_refresh, args.profile, args.fill_vectors)),
+                n, args.turns, args.warm, store_dir, not args.no_refresh, args.profile, args.fill_vectors,
+                args.edit_vectors)),
                 flush=True)
     return 0
 
