@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAPPED_MIN_BYTES", "limit_arenas", "mapped_empty", "release_freed_heap"]
+__all__ = ["MAPPED_MIN_BYTES", "limit_arenas", "mapped_empty", "memory_owner", "release_freed_heap"]
 
 #: Buffers at least this large get their own mapping from :func:`mapped_empty` (smaller ones stay in the heap:
 #: a mapping costs a system call and fresh pages).
@@ -98,3 +98,13 @@ def mapped_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     # Private: a shared anonymous mapping (mmap's default) is shmem, outside the process's anonymous RSS.
     mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return np.frombuffer(mapping, dtype=dt, count=count).reshape(shape)
+
+
+def memory_owner(array: np.ndarray) -> np.ndarray:
+    """The array that holds ``array``'s memory: the end of its chain of array bases. That is the array itself when
+    it owns its memory, the array it is a view of, or for a :func:`mapped_empty` array the flat array over the
+    mapping (which the mapped array's own views share as their base)."""
+    owner = array
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    return owner

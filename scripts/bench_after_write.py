@@ -129,7 +129,6 @@ def bench_size(
             fill_refresh: list[float] = []
             shared: list[bool] = []
             edit_refresh: list[float] = []
-            edit_stages: list[dict[str, float]] = []
             rng = np.random.default_rng(0)
             n_before = cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now).n
             how: Counter[str] = Counter()
@@ -177,7 +176,7 @@ def bench_size(
                     for fresh in cache.refresh(store, bench.CHAT, now_ms=now):
                         prepare_snapshot(fresh)
                     edit_refresh.append((time.perf_counter() - t7) * 1000)
-                    run(cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now), j, edit_stages)
+                    run(cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now), j, [])
                 total_cpu.append((c3 - c1) * 1000)
                 recall_cpu.append((c3 - c2) * 1000)
                 ingest.append((t1 - t0) * 1000)

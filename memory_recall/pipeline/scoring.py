@@ -89,6 +89,7 @@ from typing import Any
 
 import numpy as np
 
+from memory_recall.heap import memory_owner
 from memory_recall.model.graph import PRIMARY_LEXICAL_FIELDS, SECONDARY_LEXICAL_FIELDS, Node
 from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask, without_rows
 from memory_recall.pipeline.kernels.lexical import PackedFieldTable, PreparedNode, prepare_node, prepare_sources
@@ -1169,21 +1170,12 @@ class _RescueSample:
 
     @classmethod
     def of(cls, at: np.ndarray, rows: np.ndarray, source: np.ndarray) -> _RescueSample:
-        return cls(at, rows, weakref.ref(_memory_owner(source)), int(source.ctypes.data), source.shape,
+        return cls(at, rows, weakref.ref(memory_owner(source)), int(source.ctypes.data), source.shape,
                    source.strides)
 
     def alive(self) -> bool:
         """Whether the memory the rows came from is still held (else it may have been freed and reused)."""
         return self.owner() is not None
-
-
-def _memory_owner(matrix: np.ndarray) -> np.ndarray:
-    """The array that holds ``matrix``'s memory: the end of its chain of array bases (a buffer with spare rows,
-    or the flat array over a mapping)."""
-    owner = matrix
-    while isinstance(owner.base, np.ndarray):
-        owner = owner.base
-    return owner
 
 
 class _RescueSamples:

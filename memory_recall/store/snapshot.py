@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import numpy as np
 import scipy.sparse as sp
 
-from memory_recall.heap import mapped_empty, release_freed_heap
+from memory_recall.heap import mapped_empty, memory_owner, release_freed_heap
 from memory_recall.model.graph import (
     CORE_TYPES,
     INHIBIT_EDGE_TYPE,
@@ -892,11 +892,8 @@ def spare_rows(n: int) -> int:
 
 
 def _leading_view(view: np.ndarray, data: np.ndarray) -> bool:
-    """``view`` is a view of ``data``'s memory starting at its first byte. ``data`` owns its memory, or is a
-    :func:`~memory_recall.heap.mapped_empty` array: a view of a flat array over a mapping, which ``data``'s own
-    views then have as their base too."""
-    owner = data if data.base is None else data.base
-    return view.base is owner and view.ctypes.data == data.ctypes.data
+    """``view`` is a view of ``data``'s memory starting at its first byte."""
+    return memory_owner(view) is memory_owner(data) and view.ctypes.data == data.ctypes.data
 
 
 class _RowBuffer:
@@ -905,18 +902,19 @@ class _RowBuffer:
     handed out last) writes in place: appended rows into the spare rows (older snapshots, shorter views, never see
     them), and the first vector of a row that has never held one (a node the previous event added without a vector,
     which the background embedding now fills). Older snapshots that have the row see its new values, but each has
-    ``has_vector`` false there, and every reader of a snapshot's vectors masks those rows (recall-spec: a row
-    without a vector holds unspecified values). A row that held a vector (*claimed*) is never written in place:
+    ``has_vector`` false there, and every reader of a snapshot's vectors masks those rows (see
+    :attr:`GraphSnapshot.embeddings`). A row that held a vector (*claimed*) is never written in place:
     a snapshot may still read it, so rewriting or deleting it copies the matrix. Any caller but the head copies."""
 
     __slots__ = ("__weakref__", "_claimed", "_head", "_lock", "_used", "data")
 
 
-    def __init__(self, data: np.ndarray, used: int, has_vector: np.ndarray) -> None:
+    def __init__(self, data: np.ndarray, head: np.ndarray, has_vector: np.ndarray) -> None:
+        """``head``: the leading view of ``data`` handed out (its rows are in use); ``has_vector`` its mask."""
         self.data = data
-        self._used = used
+        self._used = head.shape[0]
         self._lock = threading.Lock()
-        self._head: np.ndarray = data[:used]
+        self._head = head
         # Rows that held a vector in some snapshot of this buffer (a row written once stays claimed).
         self._claimed = np.zeros(data.shape[0], dtype=bool)
         self._claimed[: has_vector.size] = has_vector
@@ -939,8 +937,7 @@ class _RowBuffer:
         with _HELD_LOCK:  # one buffer object per memory: two snapshots built from one read share its rows' use
             held = _HELD.get(id(data))
             if held is None or held.data is not data:
-                held = _HELD[id(data)] = cls(data, matrix.shape[0], has_vector)
-                held._head = matrix
+                held = _HELD[id(data)] = cls(data, matrix, has_vector)
         return held
 
     @classmethod
@@ -954,7 +951,7 @@ class _RowBuffer:
         # The copied matrix may be an older snapshot's, whose rows without a vector a newer one filled in place.
         data[np.flatnonzero(~has_vector[:n])] = 0.0
         data[n:n + extra] = 0.0
-        return cls(data, n + extra, has_vector[:n])
+        return cls(data, data[:n + extra], has_vector[:n])
 
     def extended(self, view: np.ndarray, extra: int, fill: np.ndarray) -> np.ndarray | None:
         """``view`` with ``extra`` zero rows appended, written in place, for a delta that then writes the vectors
@@ -1985,7 +1982,8 @@ def _merged(
     v_at = _positions(rids, delta.vector_rids) if delta.vector_rids.size and dim else np.zeros(0, np.int64)
     gone_v = pos[np.isin(rids, delta.deleted_vectors)] if delta.deleted_vectors.size else np.zeros(0, np.int64)
     written = v_at[v_at >= 0]
-    old_rows_written = bool((written < kept_n).any() or (gone_v < kept_n).any())
+    kept_gone = bool((gone_v < kept_n).any())
+    old_rows_written = bool((written < kept_n).any()) or kept_gone
     if snap.dim and dim and take is None:
         # In place when the old snapshot is its buffer's head: appended rows go into the spare rows, and so do the
         # first vectors of rows that never held one (the background embedding of the last turn's nodes). A row
@@ -1993,7 +1991,7 @@ def _merged(
         # with spare rows, for the next turns (older snapshots keep their bytes).
         buffer = base.vectors
         emb = None
-        if buffer is not None and not (gone_v < kept_n).any():
+        if buffer is not None and not kept_gone:
             emb = buffer.extended(snap.embeddings, n - kept_n, written)
         if emb is None:
             buffer = _RowBuffer.of(snap.embeddings, snap.has_vector, n - kept_n)

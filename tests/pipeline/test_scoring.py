@@ -36,6 +36,7 @@ from score_helpers import (
 from snapshot_equality import exactly_equal
 
 from memory_recall import bench
+from memory_recall.heap import memory_owner
 from memory_recall.model.graph import MemoryScope, Node, StoryTimeSpan
 from memory_recall.model.state import KnowledgeOwner, KnowledgeState
 from memory_recall.pipeline import scoring
@@ -1530,7 +1531,7 @@ class TestRescueSampleCarried:
             self._write(store, [(k, f"n{k:03d}") for k in range(40)], rng)
             snap = cache.get(store, self.CHAT, self.MODEL, now_ms=0)
             scoring._rescue_sample(snap, snap.has_vector.copy())
-            held = [weakref.ref(scoring._memory_owner(snap.embeddings))]
+            held = [weakref.ref(memory_owner(snap.embeddings))]
             for _ in range(3):
                 store.put_embeddings(self.CHAT, self.MODEL, {"n004": rng.normal(size=8).astype(np.float32)})
                 snap = cache.get(store, self.CHAT, self.MODEL, now_ms=0)
@@ -1538,7 +1539,7 @@ class TestRescueSampleCarried:
                 got = scoring._rescue_sample(snap, snap.has_vector.copy())
                 want = scoring.rescue_sample(snap.embeddings, snap.has_vector.copy())
                 assert got[0].tobytes() == want[0].tobytes()
-                held.append(weakref.ref(scoring._memory_owner(snap.embeddings)))
+                held.append(weakref.ref(memory_owner(snap.embeddings)))
             gc.collect()
             # Only the newest copy (the parent structure, which the child keeps until its next delta, let go of
             # its buffer when the child copied it).
@@ -1552,5 +1553,5 @@ class TestRescueSampleCarried:
             gc.collect()
             assert held[3]() is None
             scoring._rescue_sample(child, child.has_vector.copy())
-            owner = scoring._memory_owner(child.embeddings)
+            owner = memory_owner(child.embeddings)
             assert [x.owner() is owner for x in scoring._rescue_samples(child).entries] == [True]

@@ -791,7 +791,7 @@ def test_a_copy_of_an_older_view_zeroes_the_rows_it_has_without_a_vector() -> No
     data = np.zeros((8, 2), np.float32)
     data[:3] = [[1, 0], [0, 1], [0, 0]]
     has = np.array([True, True, False])
-    buffer = snapshot_module._RowBuffer(data, 3, has)
+    buffer = snapshot_module._RowBuffer(data, data[:3], has)
     old = buffer.head
     grown = buffer.extended(old, 1, np.array([2, 3]))
     assert grown is not None and grown.shape == (4, 2) and buffer.head is grown
