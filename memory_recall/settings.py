@@ -488,6 +488,10 @@ class ServiceSettings(BaseModel):
     #: space, and the worker threads take turns under the GIL: with glibc's default the service's memory crept up
     #: for minutes under writes (:mod:`memory_recall.heap`).
     malloc_arenas: int = Field(default=2, ge=0, le=1024)
+    #: Seconds between two returns of the heaps' free pages to the system while requests come
+    #: (:class:`~memory_recall.heap.HeapTrimmer`, glibc's ``malloc_trim``; 0 never). Without it the RSS followed
+    #: the heaps' high-water mark, which kept rising for minutes under load with the memory in use flat.
+    heap_trim_s: float = Field(default=5.0, ge=0, le=3600)
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -104,3 +104,61 @@ def test_limit_arenas_caps_the_heaps_threads_get(arenas: int, applied: bool) -> 
     assert was_applied == str(applied)
     # Uncapped: the main heap and one arena per thread (glibc allows eight per core, so 7 on any machine).
     assert int(heaps) == (arenas or 1 + 6)
+
+
+@pytest.mark.parametrize("interval", [0, -1.0, float("nan")])
+def test_a_trimmer_needs_a_positive_interval(interval: float) -> None:
+    with pytest.raises(ValueError, match=r"^interval_s: a positive number of seconds, got "):
+        heap.HeapTrimmer(interval)
+
+
+_TRIM = """
+import sys, time
+from memory_recall import heap
+
+def anon_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+
+# 48 MiB of 64 KiB blocks in the heap (below glibc's mmap threshold), each followed by a small block that stays:
+# freeing the large ones leaves their pages inside the heap, between live blocks, where free() cannot give them
+# back.
+big = []
+pins = []
+for _ in range(768):
+    b = bytearray(64 * 1024)
+    big.append(b)
+    pins.append(bytearray(64))
+filled = anon_mib()
+del big
+freed = anon_mib()
+trimmer = heap.HeapTrimmer(0.05)
+assert trimmer.start() and not trimmer.start()  # a second start does nothing
+time.sleep(0.3)
+idle = (trimmer.trims, anon_mib())  # nothing noted: no trim
+trimmer.note()
+deadline = time.monotonic() + 20
+while trimmer.trims == 0 and time.monotonic() < deadline:
+    time.sleep(0.01)
+trimmed = anon_mib()
+time.sleep(0.3)
+after = trimmer.trims  # one trim per note
+trimmer.stop()
+alive = any(t.name == "heap-trimmer" for t in __import__("threading").enumerate())
+print(f"{filled} {freed} {idle[0]} {idle[1]} {trimmed} {after} {alive} {trimmer.seconds > 0}")
+"""
+
+
+@glibc
+def test_the_trimmer_gives_freed_heap_pages_back_once_per_note() -> None:
+    """A heap whose freed pages sit between live blocks: RSS stays up after the free, and drops by them at the
+    first tick after :meth:`HeapTrimmer.note` (never without one); :meth:`stop` ends the thread."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", _TRIM], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    filled, freed, idle_trims, idle, trimmed, trims, alive, timed = out.stdout.split()
+    assert float(filled) - float(freed) < 8, out.stdout  # free() kept the pages
+    assert (int(idle_trims), abs(float(idle) - float(freed)) < 4) == (0, True), out.stdout
+    assert float(freed) - float(trimmed) > 40, out.stdout  # most of the 48 MiB returned
+    assert (int(trims), alive, timed) == (1, "False", "True"), out.stdout

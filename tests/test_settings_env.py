@@ -78,6 +78,8 @@ got 'bad'"""),
 list, e.g. '["a", "b"]'); got 'http://x'"""),
         ("MEMORY_RECALL_SERVICE__MALLOC_ARENAS", "-1", "MEMORY_RECALL_SERVICE__MALLOC_ARENAS: Input should be greater "
          "than or equal to 0 (setting service.malloc_arenas; got '-1')"),
+        ("MEMORY_RECALL_SERVICE__HEAP_TRIM_S", "-5", "MEMORY_RECALL_SERVICE__HEAP_TRIM_S: Input should be greater "
+         "than or equal to 0 (setting service.heap_trim_s; got '-5')"),
         ("MEMORY_RECALL_PROFILE", "bogus",
          "MEMORY_RECALL_PROFILE: unknown profile 'bogus'; expected one of default, app, fallback, transcript"),
     ])

@@ -50,7 +50,8 @@ Contract
 * **Memory.** :func:`serve` caps glibc's malloc arenas at ``service.malloc_arenas`` (2) before any worker
   thread allocates, and a snapshot's large vector buffers get mappings of their own
   (:mod:`memory_recall.heap`): with glibc's defaults the service's heaps crept up for minutes under writes while
-  the memory in use stayed flat.
+  the memory in use stayed flat. While requests come, a :class:`~memory_recall.heap.HeapTrimmer` gives the heaps'
+  free pages back every ``service.heap_trim_s`` (5) seconds, so the RSS follows the memory in use.
 * **Versions.** A write's response carries the chat version its own transaction committed (for an event that
   changed nothing, the version it read); later writes (a recall's reinforcement, background vectors) give
   later versions.
@@ -105,6 +106,7 @@ from memory_recall.errors import (
     NotFound,
     StoreError,
 )
+from memory_recall.heap import HeapTrimmer
 from memory_recall.ingest import export_stbme, import_stbme_report, ingest_messages
 from memory_recall.ingest.messages import sync_messages
 from memory_recall.model.chat import ChatMessage
@@ -331,11 +333,15 @@ class Lanes:
     :attr:`waiting` count per lane (diagnostics and tests).
     """
 
-    def __init__(self, *, recall_slots: int, write_slots: int) -> None:
+    def __init__(
+        self, *, recall_slots: int, write_slots: int, on_done: Callable[[], None] | None = None
+    ) -> None:
+        """``on_done``: called after each job, whichever way it ended (the heap trimmer's activity note)."""
         self._limiters = {
             "recall": anyio.CapacityLimiter(recall_slots),
             "write": anyio.CapacityLimiter(write_slots),
         }
+        self._on_done = on_done
 
     def running(self, lane: Literal["recall", "write"]) -> int:
         return int(self._limiters[lane].borrowed_tokens)
@@ -345,7 +351,11 @@ class Lanes:
 
     async def run(self, lane: Literal["recall", "write"], fn: Callable[[], T]) -> T:
         """``fn()`` in a worker thread once ``lane`` has a free slot."""
-        return await anyio.to_thread.run_sync(fn, limiter=self._limiters[lane])
+        try:
+            return await anyio.to_thread.run_sync(fn, limiter=self._limiters[lane])
+        finally:
+            if self._on_done is not None:
+                self._on_done()
 
 
 class _Service:
@@ -370,6 +380,8 @@ class _Service:
         self.tasks: set[asyncio.Task[None]] = set()  # running sync jobs (kept referenced until done)
         #: Created on the running loop (lifespan): background embedding of syncs, failed writes and startup.
         self.worker: EmbeddingWorker | None = None
+        #: Started by the lifespan when ``service.heap_trim_s`` > 0; each recall and write notes its work.
+        self.trimmer: HeapTrimmer | None = None
 
     @property
     def store(self) -> Store:
@@ -410,7 +422,8 @@ class _Service:
     @property
     def lanes(self) -> Lanes:
         if self._lanes is None:  # created on the running loop
-            self._lanes = Lanes(recall_slots=RECALL_SLOTS, write_slots=WRITE_SLOTS)
+            self._lanes = Lanes(recall_slots=RECALL_SLOTS, write_slots=WRITE_SLOTS,
+                                on_done=self.trimmer.note if self.trimmer is not None else None)
         return self._lanes
 
     async def recall(self, fn: Callable[[], T]) -> T:
@@ -616,6 +629,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(service.open)
+        if svc_settings.heap_trim_s > 0:
+            service.trimmer = HeapTrimmer(svc_settings.heap_trim_s)
+            service.trimmer.start()
         service.worker = EmbeddingWorker(
             lambda: service.store, service.embedder, batch_size=BACKGROUND_EMBED_BATCH, jobs=service.jobs
         )
@@ -630,6 +646,8 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await service.close(svc_settings.shutdown_timeout_s)
+            if service.trimmer is not None:
+                service.trimmer.stop()
 
     app = FastAPI(
         title="memory-recall",
