@@ -25,7 +25,10 @@ Usage::
    to end; "growth after warm-up" compares the last sample with the first sample of the load's second half. Its
    anonymous part is sampled too: the file-backed rest is mostly the embedding model's mapped file, whose pages
    come in as new texts reach more of its vocabulary (bounded by the file, and reclaimable by the system). The
-   RSS without that file's pages (``/proc/<pid>/smaps``) is sampled as well.
+   RSS without that file's pages (``/proc/<pid>/smaps``) is sampled as well. The trend over the second half is
+   the Theil-Sen slope of its in-load samples (with its 95 % interval), beside the least-squares one: a sample
+   taken while a matrix copy is alive, or right after a heap trim, is an outlier that moves a fitted line and the
+   first-to-last difference, not the median of the pairwise slopes.
 
 Prints a table (count, errors, p50/p95/p99/max latency per kind, throughput) and the RSS samples; ``--out``
 writes everything as JSON.
@@ -52,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import theilslopes
 
 CHAT = "load-chat"
 DB_NAME = "memory-recall.sqlite3"
@@ -481,7 +485,7 @@ def _pcts(values: Sequence[float]) -> dict[str, float]:
 
 
 def run_load(
-    *, data_dir: Path, nodes: int, clients: int, seconds: float, timeout: float = 60.0, sample_s: float = 5.0,
+    *, data_dir: Path, nodes: int, clients: int, seconds: float, timeout: float = 60.0, sample_s: float = 1.0,
     seed: int = 9, mix: Sequence[float] = MIX, messages: int = 0, vectors: str = "local", log: Any = print,
 ) -> dict[str, Any]:
     """Build/reuse the chat (``messages`` > 0: a message chat of that many turns, else the ``nodes``-node
@@ -578,8 +582,14 @@ def half_trend(samples: Sequence[tuple[float, float]], start: float, end: float)
         return None
     t, mb = np.asarray(pts, dtype=np.float64).T
     slope = float(np.polyfit(t, mb, 1)[0]) * 60
+    # The Theil-Sen slope (the median of the pairwise slopes) with its 95 % interval: the samples jump up while a
+    # matrix copy is alive and down right after a heap trim, and such outliers move a least-squares line.
+    robust, _, low, high = theilslopes(mb, t, alpha=0.95)
     return {"first": pts[0][1], "last": pts[-1][1], "growth": round(pts[-1][1] - pts[0][1], 1),
-            "slope_mib_per_min": round(slope, 2), "samples": len(pts)}
+            "slope_mib_per_min": round(slope, 2), "samples": len(pts),
+            "theil_sen_mib_per_min": round(float(robust) * 60, 2),
+            "theil_sen_95": [round(float(low) * 60, 2), round(float(high) * 60, 2)],
+            "theil_sen_over_half_mib": round(float(robust) * (t[-1] - t[0]), 2)}
 
 
 def table(out: dict[str, Any]) -> str:
@@ -608,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="stored vectors of the built chat: the local engine, or seeded random unit vectors "
                              "under its model id (builds in seconds; recall timings alike)")
     parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout (counts as an error)")
-    parser.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
+    parser.add_argument("--sample-s", type=float, default=1.0, help="RSS sampling period")
     parser.add_argument("--seed", type=int, default=9)
     parser.add_argument("--mix", default="70,20,10", help="percent of recalls, message_added events, edits")
     parser.add_argument("--data-dir", type=Path, default=None,
@@ -647,10 +657,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"({trend['growth']:+} MiB, slope {trend['slope_mib_per_min']:+} MiB/min over {trend['samples']} "
               f"samples); {rss['messages_added_second_half']} messages added meanwhile "
               f"({rss['anon_kib_per_message_second_half']} KiB each)")
+        low, high = trend["theil_sen_95"]
+        added = rss["messages_added_second_half"]
+        each = f", {trend['theil_sen_over_half_mib'] * 1024 / added:+.1f} KiB per message added" if added else ""
+        print(f"anonymous RSS trend over the second half (Theil-Sen): {trend['theil_sen_mib_per_min']:+} MiB/min "
+              f"(95 % interval {low:+} to {high:+}), {trend['theil_sen_over_half_mib']:+} MiB over the half{each}")
     rest = rss["without_model_trend_second_half"]
     if rest:
         print(f"RSS without the model file's pages over the second half, in-load samples only: {rest['first']} -> "
-              f"{rest['last']} MiB ({rest['growth']:+} MiB, slope {rest['slope_mib_per_min']:+} MiB/min)")
+              f"{rest['last']} MiB ({rest['growth']:+} MiB, slope {rest['slope_mib_per_min']:+} MiB/min, Theil-Sen "
+              f"{rest['theil_sen_mib_per_min']:+} MiB/min, {rest['theil_sen_over_half_mib']:+} MiB over the half)")
     print(f"service CPU during the load: {out['service_cpu_s']} s; recall status {out['recall_status']}, "
           f"source {out['recall_source']}; retrieval {out['retrieval_status']}")
     for k, v in out["kinds"].items():

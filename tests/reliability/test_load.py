@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from rel_crash_helpers import load_script
 
@@ -72,8 +73,24 @@ def test_mapped_rss_counts_the_resident_pages_of_the_directorys_bin_files(tmp_pa
 def test_half_trend_takes_the_in_load_samples_of_the_half() -> None:
     samples = [(0.0, 90.0), (1.0, 100.0), (2.0, 102.0), (3.0, 101.0), (4.0, 106.0), (5.0, 300.0)]
     trend = lt.half_trend(samples, 1.0, 4.5)  # (1, 4.5]: 2, 3 and 4 s; the spike at 5 s is after the load
-    assert trend == {"first": 102.0, "last": 106.0, "growth": 4.0, "slope_mib_per_min": 120.0, "samples": 3}
+    assert trend is not None
+    low, high = trend.pop("theil_sen_95")
+    # Pairwise slopes -1, 2 and 5 MiB/s: the median 2 MiB/s, over the 2 s between the first and last sample 4 MiB.
+    assert trend == {"first": 102.0, "last": 106.0, "growth": 4.0, "slope_mib_per_min": 120.0, "samples": 3,
+                     "theil_sen_mib_per_min": 120.0, "theil_sen_over_half_mib": 4.0}
+    assert -60.0 <= low <= 120.0 <= high <= 300.0
     assert lt.half_trend(samples, 3.5, 4.5) is None  # one sample: no trend
+
+
+def test_half_trend_theil_sen_ignores_a_spike_least_squares_does_not() -> None:
+    """Flat samples with one 10 MiB spike (a matrix copy alive at that moment) near the end of the half."""
+    samples = [(float(t), 130.0) for t in range(1, 11)]
+    samples[8] = (9.0, 140.0)
+    trend = lt.half_trend(samples, 0.0, 10.0)
+    assert trend is not None
+    assert (trend["theil_sen_mib_per_min"], trend["theil_sen_over_half_mib"], trend["growth"]) == (0.0, 0.0, 0.0)
+    assert trend["slope_mib_per_min"] == round(float(np.polyfit(np.arange(1, 11), [s for _, s in samples], 1)[0]) * 60,
+                                               2) > 10
 
 
 def test_reused_chat_is_not_rebuilt(tmp_path: Path) -> None:
