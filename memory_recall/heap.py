@@ -103,11 +103,10 @@ class HeapTrimmer:
 
     def start(self) -> bool:
         """Start the thread; ``False`` (and nothing started) without glibc or when it already runs."""
-        lib = _glibc()
-        if not lib or self._thread is not None:
+        if not _glibc() or self._thread is not None:
             return False
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, args=(lib,), name="heap-trimmer", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="heap-trimmer", daemon=True)
         self._thread.start()
         return True
 
@@ -118,13 +117,13 @@ class HeapTrimmer:
             self._stop.set()
             thread.join()
 
-    def _run(self, lib: Any) -> None:
+    def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             if not self._active:
                 continue
             self._active = False
             start = time.perf_counter()
-            lib.malloc_trim(0)
+            release_freed_heap()
             self.seconds += time.perf_counter() - start
             self.trims += 1
 

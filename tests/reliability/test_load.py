@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from rel_crash_helpers import load_script
 
@@ -89,8 +88,9 @@ def test_half_trend_theil_sen_ignores_a_spike_least_squares_does_not() -> None:
     trend = lt.half_trend(samples, 0.0, 10.0)
     assert trend is not None
     assert (trend["theil_sen_mib_per_min"], trend["theil_sen_over_half_mib"], trend["growth"]) == (0.0, 0.0, 0.0)
-    assert trend["slope_mib_per_min"] == round(float(np.polyfit(np.arange(1, 11), [s for _, s in samples], 1)[0]) * 60,
-                                               2) > 10
+    # Least squares: mean 131 MiB, so the spike's residual is +9 and every other one −1; the −1s cancel over t̄ = 5.5.
+    # Slope = (9 − 5.5) · 10 / Σ(t − 5.5)² = 35 / 82.5 MiB/s = 25.45 MiB/min.
+    assert trend["slope_mib_per_min"] == 25.45
 
 
 def test_reused_chat_is_not_rebuilt(tmp_path: Path) -> None:
