@@ -133,7 +133,9 @@ class RecallController:
         self.settings = settings if settings is not None else RecallSettings()
         self.embedder = embedder
         self.llm = llm
-        self.snapshot_cache = snapshot_cache if snapshot_cache is not None else SnapshotCache()
+        self.snapshot_cache = (
+            snapshot_cache if snapshot_cache is not None else SnapshotCache(on_update=prepare_snapshot)
+        )
         self.pipeline = pipeline
         self.renderer = renderer if renderer is not None else _default_renderer
         self.clock = clock if clock is not None else _wall_clock_ms

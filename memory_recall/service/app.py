@@ -110,6 +110,7 @@ from memory_recall.heap import HeapTrimmer
 from memory_recall.ingest import export_stbme, import_stbme_report, ingest_messages
 from memory_recall.ingest.messages import sync_messages
 from memory_recall.model.chat import ChatMessage
+from memory_recall.pipeline.retrieve import prepare_snapshot
 from memory_recall.providers import Embedder, embed_missing
 from memory_recall.service.auth import (
     OPEN_PATHS,
@@ -369,7 +370,7 @@ class _Service:
         self.embedder = embedder
         self.llm = llm
         self.owns_store = owns_store
-        self.snapshots = SnapshotCache()
+        self.snapshots = SnapshotCache(on_update=prepare_snapshot)
         self._controller: Any = None
         self._locks: dict[str, asyncio.Lock] = {}
         self._lock_users: dict[str, int] = {}

@@ -28,7 +28,7 @@ import sys
 import threading
 import weakref
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -2430,49 +2430,87 @@ def _knowledge_extended(
 
 class SnapshotCache:
     """Keeps the latest snapshot per (chat, model); a write updates it from the store's delta
-    (:meth:`StoreReader.snapshot_delta`, :func:`apply_delta`) instead of a rebuild."""
+    (:meth:`StoreReader.snapshot_delta`, :func:`apply_delta`) instead of a rebuild.
 
-    def __init__(self) -> None:
+    One thread at a time updates or builds a given (chat, model): the others wait and take its snapshot. Without
+    that, concurrent recalls after a write each applied the same delta and got structures of their own, whose
+    derived values (the per-structure caches of the pipeline) were each derived or built again, and the next
+    delta could only derive from one of them.
+
+    ``on_update(snapshot)`` is called, under that per-key lock, on every snapshot a delta gives a new structure
+    (by :meth:`get` or :meth:`refresh`), before any caller sees it: the pipeline passes the derivation of its
+    per-structure values from the parent structure's
+    (:func:`~memory_recall.pipeline.retrieve.prepare_snapshot`). So each structure of the chain holds them from
+    the start, and the next one derives from it even when a write (a background embedding's vectors, another
+    event) comes before any recall asked; a recall that is still on an older snapshot finds them there too.
+    """
+
+    def __init__(self, on_update: Callable[[GraphSnapshot], object] | None = None) -> None:
         self._items: dict[tuple[str, str], GraphSnapshot] = {}
         self._lock = threading.Lock()
+        self._updating: dict[tuple[str, str], threading.Lock] = {}
+        self._on_update = on_update
         #: How the last ``get`` per chat got its snapshot: "cached", "delta", "stats" or "rebuild" (figures, tests).
         self.last_update: dict[str, str] = {}
+
+    def _key_lock(self, key: tuple[str, str]) -> threading.Lock:
+        with self._lock:
+            lock = self._updating.get(key)
+            if lock is None:
+                lock = self._updating[key] = threading.Lock()
+            return lock
+
+    def _current(self, key: tuple[str, str], version: int, now_ms: int) -> GraphSnapshot | None:
+        with self._lock:
+            snap = self._items.get(key)
+        if snap is not None and snap.version == version and now_ms < snap.valid_until_ms:
+            self.last_update[key[0]] = "cached"
+            return snap
+        return None
 
     def get(self, store: Any, chat_id: str, model_id: str, *, now_ms: int) -> GraphSnapshot:
         """The cached snapshot if its version and edge horizon are current, else the cached one updated by the
         store's delta since its version, else a freshly built one."""
         key = (chat_id, model_id)
-        version = store.chat_version(chat_id)
-        with self._lock:
-            snap = self._items.get(key)
-        if snap is not None and snap.version == version and now_ms < snap.valid_until_ms:
-            self.last_update[chat_id] = "cached"
-            return snap
-        new = self._updated(store, key, snap, now_ms) if snap is not None else None
-        if new is None:
-            new = load_snapshot(store, chat_id, model_id, now_ms=now_ms)
-            self.last_update[chat_id] = "rebuild"
-        return self._stored(key, new)
+        current = self._current(key, store.chat_version(chat_id), now_ms)
+        if current is not None:  # the common case takes no per-key lock
+            return current
+        with self._key_lock(key):
+            # Another thread may have updated it while this one waited: take its snapshot.
+            version = store.chat_version(chat_id)
+            current = self._current(key, version, now_ms)
+            if current is not None:
+                return current
+            with self._lock:
+                snap = self._items.get(key)
+            new = self._updated(store, key, snap, now_ms) if snap is not None else None
+            if new is None:
+                new = load_snapshot(store, chat_id, model_id, now_ms=now_ms)
+                self.last_update[chat_id] = "rebuild"
+            return self._stored(key, new)
 
     def refresh(self, store: Any, chat_id: str, *, now_ms: int) -> list[GraphSnapshot]:
         """Bring the chat's cached snapshots (one per model) up to the store's version right after a write, by
         the store's delta only: a snapshot the delta cannot update is dropped (the next :meth:`get` builds it),
         never rebuilt here. Returns the snapshots updated (not those already current). What the next ``get``
         would do, done with the write, so the recall after it finds the snapshot current."""
-        version = store.chat_version(chat_id)
         with self._lock:
-            items = [(k, s) for k, s in self._items.items() if k[0] == chat_id]
+            keys = [k for k in self._items if k[0] == chat_id]
         out: list[GraphSnapshot] = []
-        for key, snap in items:
-            if snap.version == version and now_ms < snap.valid_until_ms:
-                continue
-            new = self._updated(store, key, snap, now_ms)
-            if new is None:
+        for key in keys:
+            with self._key_lock(key):
+                version = store.chat_version(chat_id)
                 with self._lock:
-                    if self._items.get(key) is snap:
-                        del self._items[key]
-                continue
-            out.append(self._stored(key, new))
+                    snap = self._items.get(key)
+                if snap is None or (snap.version == version and now_ms < snap.valid_until_ms):
+                    continue
+                new = self._updated(store, key, snap, now_ms)
+                if new is None:
+                    with self._lock:
+                        if self._items.get(key) is snap:
+                            del self._items[key]
+                    continue
+                out.append(self._stored(key, new))
         return out
 
     def _updated(self, store: Any, key: tuple[str, str], snap: GraphSnapshot, now_ms: int) -> GraphSnapshot | None:
@@ -2486,6 +2524,8 @@ class SnapshotCache:
         new = apply_delta(snap, delta, now_ms=now_ms)
         if new is not None:
             self.last_update[key[0]] = "stats" if new.structure is snap.structure else "delta"
+            if new.structure is not snap.structure and self._on_update is not None:
+                self._on_update(new)
         return new
 
     def _stored(self, key: tuple[str, str], new: GraphSnapshot) -> GraphSnapshot:

@@ -5,6 +5,7 @@ byte-identical to the same recall on a fresh store handle, snapshot and caches."
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -12,10 +13,12 @@ from controller_helpers import BENCH_NODES
 
 from memory_recall import bench
 from memory_recall.controller import RecallController
+from memory_recall.ingest import ingest_messages
 from memory_recall.model.chat import ChatMessage
 from memory_recall.pipeline import _graph_cache
 from memory_recall.pipeline.result import json_dumps
 from memory_recall.pipeline.retrieve import prepare_snapshot, retrieve
+from memory_recall.pipeline.scoring import _field_table
 from memory_recall.pipeline.state import Providers
 from memory_recall.providers.embedding import LOCAL_MODEL_ID
 from memory_recall.settings import RecallSettings
@@ -113,3 +116,60 @@ def test_a_declined_update_is_left_to_the_recall(bench_store: Store) -> None:
     assert calls == ["build"]
     declining(child)  # the recall builds it
     assert calls == ["build", "build"]
+
+
+def _held(snapshot) -> set:
+    with _graph_cache._LOCK:
+        return set(_graph_cache._CACHE.get(snapshot.structure, ()))
+
+
+def test_writes_no_recall_follows_keep_the_derived_values_along_the_chain(
+    bench_store: Store, bench_store_path: Path
+) -> None:
+    """Writes that no event refresh follows (the background embedding's vectors) update the cached snapshot at the
+    next ``get``; the cache derives the pipeline's values for each new structure then (``on_update``), so a
+    structure no recall ever ran on still hands them to the next one, and none is built again."""
+    ctl = RecallController(bench_store, SETTINGS, embedder=bench._PassThroughEmbedder(MODEL, {}))
+    cache = ctl.snapshot_cache
+    first = cache.get(bench_store, bench.CHAT, MODEL, now_ms=bench.NOW_MS)
+    _recall(bench_store, first, 0)
+    table = _field_table(first)
+    chain = [first]
+    for j in range(3):
+        ingest_messages(bench_store, bench.CHAT, [_message(20 + j)], now_ms=bench.NOW_MS)  # no refresh
+        chain.append(cache.get(bench_store, bench.CHAT, MODEL, now_ms=bench.NOW_MS))
+        assert cache.last_update[bench.CHAT] == "delta"
+    for older, newer in zip(chain, chain[1:], strict=False):
+        assert newer.structure.parent is None or newer.structure.parent is older.structure
+        assert _held(first) <= _held(newer), _held(first) - _held(newer)
+    # Derived, not built: the newest table shares the first one's vocabulary (a build starts a new one).
+    assert _field_table(chain[-1]).vocab is table.vocab
+    got = _recall(bench_store, chain[-1], 1)
+    with Store(bench_store_path) as fresh_store:
+        fresh = load_snapshot(fresh_store, bench.CHAT, MODEL, now_ms=bench.NOW_MS)
+        assert fresh.version == chain[-1].version
+        assert got == _recall(fresh_store, fresh, 1)
+
+
+def test_concurrent_gets_after_a_write_share_one_update(bench_store: Store) -> None:
+    """Recalls arriving together after a write wait for one thread to apply the delta and all get its snapshot:
+    one new structure, derived once."""
+    updates: list[int] = []
+    cache = SnapshotCache(on_update=lambda snap: updates.append(snap.version))
+    cache.get(bench_store, bench.CHAT, MODEL, now_ms=bench.NOW_MS)
+    ingest_messages(bench_store, bench.CHAT, [_message(40)], now_ms=bench.NOW_MS)
+    version = bench_store.chat_version(bench.CHAT)
+    barrier = threading.Barrier(6)
+    got: list = []
+
+    def recall_thread() -> None:
+        barrier.wait()
+        got.append(cache.get(bench_store, bench.CHAT, MODEL, now_ms=bench.NOW_MS))
+
+    threads = [threading.Thread(target=recall_thread) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 6 and all(s is got[0] for s in got)
+    assert got[0].version == version and updates == [version]
