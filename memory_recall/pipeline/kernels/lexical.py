@@ -646,6 +646,11 @@ def _grown(arr: np.ndarray, used: int, extra: int, *, copy: bool = False) -> np.
     return out
 
 
+#: Dead slots a remapped :class:`PackedFieldTable` may hold before it is compacted (when they also outnumber the
+#: live ones): below this the copy is not worth it.
+MIN_COMPACT_DEAD = 1024
+
+
 class PackedFieldTable:
     """The lexical fields of the nodes ``0 … n − 1`` of one graph, packed once per node (as :func:`pack_node`)
     into flat arrays, so that :meth:`scores` gathers a batch's fields with a few array indexings. Meant to live
@@ -661,7 +666,9 @@ class PackedFieldTable:
     them: the row buffers are appended to in place only by the one table that owns them (ownership passes to the
     newest table; any other copies its rows before it next packs), the field texts are interned in one list shared
     by the tables of a lineage (append-only, under their shared lock), and a slot whose node is gone or changed is
-    left dead (it still counts against ``max_nodes``: it still holds its rows).
+    left dead (it still counts against ``max_nodes``: it still holds its rows). A remapped table whose dead slots
+    outnumber its live ones (and :data:`MIN_COMPACT_DEAD`) is compacted: the live slots' rows copied into buffers of
+    its own, so a lineage carried over many writes holds at most about twice its live rows, whatever ``max_nodes``.
 
     Memory per kept node: its field rows (6 ints each, a few fields), its unit ids (tens of ints), its field
     texts joined by line feeds, and each distinct field text once; plus one int per graph node (its slot).
@@ -749,7 +756,31 @@ class PackedFieldTable:
             out._haystacks, out._texts, out._text_ids = self._haystacks, self._texts, self._text_ids
             out._n_fields, out._n_units = self._n_fields, self._n_units
             out._owns, self._owns = self._owns, False
+            if out._dead > max(k - out._dead, MIN_COMPACT_DEAD):
+                out._compact()
         return out
+
+    def _compact(self) -> None:
+        # Under the lock: the live slots' rows gathered into new buffers this table owns (the shared ones are only
+        # read: the other tables of the lineage keep theirs), their field texts interned anew. O(live rows).
+        keys = self._keys[: self._n_slots]
+        live = np.flatnonzero(keys >= 0)
+        rows = self._nodes[live]
+        fields = self._fields[_ranges(rows[:, 0], rows[:, 1])]
+        unit_rows = _ranges(rows[:, 2], rows[:, 3])
+        text_ids, fields[:, 4] = np.unique(fields[:, 4], return_inverse=True)
+        self._texts = [self._texts[t] for t in text_ids.tolist()]
+        self._text_ids = {t: i for i, t in enumerate(self._texts)}
+        rows[:, 0] = np.cumsum(rows[:, 1]) - rows[:, 1]
+        rows[:, 2] = np.cumsum(rows[:, 3]) - rows[:, 3]
+        self._nodes, self._fields, self._units = rows, fields, self._units[unit_rows]
+        self._haystacks = [self._haystacks[i] for i in live.tolist()]
+        self._keys = keys[live]
+        self._slot = np.full(self._n, -1, dtype=np.intp)
+        self._slot[self._keys] = np.arange(live.size, dtype=np.intp)
+        self._n_slots, self._dead = int(live.size), 0
+        self._n_fields, self._n_units = int(fields.shape[0]), int(unit_rows.size)
+        self._owns = True
 
     def _pack(self, keys: list[int], prepared: list[PreparedNode | None]) -> None:
         # Under the lock: append the nodes' rows, then publish their slots.

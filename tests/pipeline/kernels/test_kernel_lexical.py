@@ -21,6 +21,7 @@ from memory_recall.pipeline.kernels import (
     prepare_sources,
     prepared_lexical_score,
 )
+from memory_recall.pipeline.kernels import lexical as lexical_module
 from memory_recall.pipeline.kernels.lexical import PackedFieldTable
 from memory_recall.text.normalize import js_len, normalize_lexical
 
@@ -423,6 +424,45 @@ class TestPackedFieldTable:
             got = table.scores(idx, srcs, graph.__getitem__)
             expected = [0.0 if graph[k] is None else prepared_lexical_score(graph[k], srcs) for k in idx.tolist()]
             assert got.tolist() == expected
+
+    @settings(max_examples=100, deadline=None)
+    @given(
+        steps=st.lists(
+            st.tuples(
+                st.lists(st.integers(0, 7), max_size=3), st.integers(0, 2), st.lists(st.integers(0, 9), max_size=6)
+            ),
+            min_size=1, max_size=8,
+        ),
+        sources=st.lists(_TEXT, min_size=1, max_size=3),
+        floor=st.sampled_from((0, 2)),
+    )
+    def test_a_lineage_of_remaps_is_compacted_and_scores_bit_for_bit(self, steps, sources, floor) -> None:
+        """Writes one after the other (some nodes changed, some added), each remapping the last table and scoring a
+        batch on it: dead slots never outnumber the live ones past the floor (the table is compacted), every table of
+        the lineage still scores its own graph bit for bit, and the parents' rows are never written over."""
+        srcs = prepare_sources(sources)
+        graph = [prepare_node([f"name {i}"], [f"the tower {i}", "the river"]) for i in range(4)]
+        table = PackedFieldTable(len(graph), max_nodes=10_000)
+        table.scores(np.arange(len(graph)), srcs, graph.__getitem__)
+        lineage = [(table, list(graph))]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(lexical_module, "MIN_COMPACT_DEAD", floor)
+            for w, (changed, added, batch) in enumerate(steps):
+                n = len(graph)
+                changed = sorted({c % n for c in changed})
+                graph = [prepare_node([f"edit {w}"], [f"the gate {i}"]) if i in changed else g
+                         for i, g in enumerate(graph)]
+                graph += [prepare_node([f"new {w} {j}"], ["the tower"]) for j in range(added)]
+                table = table.remapped(len(graph), np.arange(n), np.array(changed, dtype=np.intp))
+                assert table._dead <= max(len(table), floor)
+                idx = np.array([b % len(graph) for b in batch], dtype=np.int64)
+                assert table.scores(idx, srcs, graph.__getitem__).tolist() == [
+                    prepared_lexical_score(graph[k], srcs) for k in idx.tolist()]
+                lineage.append((table, list(graph)))
+        for old_table, old_graph in lineage:
+            idx = np.arange(len(old_graph))
+            assert old_table.scores(idx, srcs, old_graph.__getitem__).tolist() == [
+                prepared_lexical_score(g, srcs) for g in old_graph]
 
     def test_repeated_copies_keep_the_buffers_proportional_to_their_rows(self) -> None:
         """A table that packs after every remap copies its rows each time (it no longer owns them): each copy is
