@@ -476,12 +476,15 @@ class RecallController:
         the previous structure's (:func:`~memory_recall.pipeline.retrieve.prepare_snapshot`) and the cached BM25
         indexes (:meth:`Store.refresh_bm25`) — the work the first recall after the write would do, in time
         proportional to what changed; nothing is built from scratch. Every chat event calls it. Returns the
-        names of what was updated (figures, tests)."""
+        names of what was updated (figures, tests): ``snapshot`` per snapshot, the keys of the values derived here
+        (none when the cache derives them itself, :attr:`SnapshotCache.on_update`) and the BM25 stems."""
         now = now_ms if now_ms is not None else self.clock()
         done: list[str] = []
+        derive = self.snapshot_cache.on_update is None
         for snapshot in self.snapshot_cache.refresh(self.store, chat_id, now_ms=now):
             done.append("snapshot")
-            done.extend(str(key) for key in prepare_snapshot(snapshot))
+            if derive:
+                done.extend(str(key) for key in prepare_snapshot(snapshot))
         refresh_bm25 = getattr(self.store, "refresh_bm25", None)
         if refresh_bm25 is not None:
             done.extend(f"bm25:{stem}" for stem in refresh_bm25(chat_id))

@@ -2449,7 +2449,8 @@ class SnapshotCache:
         self._items: dict[tuple[str, str], GraphSnapshot] = {}
         self._lock = threading.Lock()
         self._updating: dict[tuple[str, str], threading.Lock] = {}
-        self._on_update = on_update
+        #: Called on every snapshot a delta gives a new structure (class docstring); None: nothing is.
+        self.on_update = on_update
         #: How the last ``get`` per chat got its snapshot: "cached", "delta", "stats" or "rebuild" (figures, tests).
         self.last_update: dict[str, str] = {}
 
@@ -2524,8 +2525,8 @@ class SnapshotCache:
         new = apply_delta(snap, delta, now_ms=now_ms)
         if new is not None:
             self.last_update[key[0]] = "stats" if new.structure is snap.structure else "delta"
-            if new.structure is not snap.structure and self._on_update is not None:
-                self._on_update(new)
+            if new.structure is not snap.structure and self.on_update is not None:
+                self.on_update(new)
         return new
 
     def _stored(self, key: tuple[str, str], new: GraphSnapshot) -> GraphSnapshot:
