@@ -132,7 +132,14 @@ def _add_run(out: dict[str, None], token: str, bigrams: bool) -> None:
             out[token[i : i + 2]] = None
 
 
-@functools.lru_cache(maxsize=8192)
+#: Units of normalised texts remembered across calls: the query sources of every recall and the fields of nodes being
+#: packed. Each is kept once in a field table carried along the snapshots, so repeats are rare. Every new or edited
+#: text adds an entry (about 1.3 kB), so the bound is memory that writes fill: at 8,192 the service under edits alone
+#: still grew 2.5 MiB a minute after four minutes; at 2,048 its trend was within noise of zero (docs/performance.md).
+_UNIT_TEXTS = 2048
+
+
+@functools.lru_cache(maxsize=_UNIT_TEXTS)
 def _units_of_normalised(norm: str, reference: bool) -> tuple[str, ...]:
     out: dict[str, None] = {}  # insertion-ordered set: dedupe keeping first occurrence
     if reference:
@@ -239,8 +246,8 @@ def prepare_field(field: object, *, reference: bool = False) -> PreparedField | 
     return PreparedField(f, _js_len(f), frozenset(_units_of_normalised(f, reference)))
 
 
-#: Field signatures remembered across calls (a pure function of the text; an int each).
-_PREPARED_TEXTS = 8192
+#: Field signatures remembered across calls (a pure function of the text; an int each), bounded like the units.
+_PREPARED_TEXTS = _UNIT_TEXTS
 #: Prepared nodes remembered across calls: pure functions of the texts, with immutable results. They serve a field
 #: table built afresh (a table carried over a snapshot delta keeps its packed rows, and repacks only the rewritten
 #: nodes, whose texts were prepared moments before) and the repeats within a batch. A prepared node holds a frozen
