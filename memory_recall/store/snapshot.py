@@ -2461,10 +2461,15 @@ class SnapshotCache:
                 lock = self._updating[key] = threading.Lock()
             return lock
 
+    @staticmethod
+    def _is_current(snap: GraphSnapshot | None, version: int, now_ms: int) -> bool:
+        """``snap`` is at the store's ``version`` and its edge horizon has not passed."""
+        return snap is not None and snap.version == version and now_ms < snap.valid_until_ms
+
     def _current(self, key: tuple[str, str], version: int, now_ms: int) -> GraphSnapshot | None:
         with self._lock:
             snap = self._items.get(key)
-        if snap is not None and snap.version == version and now_ms < snap.valid_until_ms:
+        if snap is not None and self._is_current(snap, version, now_ms):
             self.last_update[key[0]] = "cached"
             return snap
         return None
@@ -2503,7 +2508,7 @@ class SnapshotCache:
                 version = store.chat_version(chat_id)
                 with self._lock:
                     snap = self._items.get(key)
-                if snap is None or (snap.version == version and now_ms < snap.valid_until_ms):
+                if snap is None or self._is_current(snap, version, now_ms):
                     continue
                 new = self._updated(store, key, snap, now_ms)
                 if new is None:
