@@ -23,16 +23,21 @@ pages, while the memory in use stayed flat.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MAPPED_MIN_BYTES", "HeapTrimmer", "limit_arenas", "mapped_empty", "memory_owner", "release_freed_heap"]
+__all__ = [
+    "MAPPED_MIN_BYTES", "HeapTrimmer", "HeapUsage", "anonymous_rss", "heap_usage", "limit_arenas", "mapped_empty",
+    "memory_owner", "release_freed_heap",
+]
 
 #: Buffers at least this large get their own mapping from :func:`mapped_empty` (smaller ones stay in the heap:
 #: a mapping costs a system call and fresh pages).
@@ -53,7 +58,6 @@ def _glibc() -> Any:
             _libc = False
             if sys.platform.startswith("linux"):
                 try:
-                    import ctypes
                     import ctypes.util
 
                     lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -62,6 +66,57 @@ def _glibc() -> Any:
                 except (OSError, AttributeError):
                     _libc = False
         return _libc
+
+
+class _Mallinfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (``malloc.h``, glibc 2.33 and later): every field a ``size_t``."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+    )]
+
+
+@dataclass(frozen=True)
+class HeapUsage:
+    """The C allocator's memory at one moment, in bytes, summed over its arenas (glibc ``mallinfo2``).
+
+    ``in_use`` is what the process holds (blocks in the heaps plus blocks in their own mappings); ``heaps`` is the
+    heaps' size, of which ``free`` is free space. The RSS can sit anywhere between ``in_use`` and ``heaps`` plus
+    ``mapped``: free pages stay resident until reused or trimmed (:class:`HeapTrimmer`), and a free chunk smaller
+    than a page, or a page shared with a live block, cannot be given back at all. So ``in_use`` rising with the RSS
+    is the process's own memory growing; the RSS rising while ``in_use`` stays level is the heaps fragmenting.
+    """
+
+    in_use: int
+    free: int
+    heaps: int
+    mapped: int
+
+
+def heap_usage() -> HeapUsage | None:
+    """The allocator's figures now (:class:`HeapUsage`), or ``None`` without glibc 2.33+ (``mallinfo2``). It walks
+    every arena's free lists under the arena's lock: a fraction of a millisecond on the service's heaps."""
+    lib = _glibc()
+    info = getattr(lib, "mallinfo2", None) if lib else None
+    if info is None:
+        return None
+    info.restype = _Mallinfo2
+    m = info()
+    return HeapUsage(in_use=int(m.uordblks + m.hblkhd), free=int(m.fordblks), heaps=int(m.arena),
+                     mapped=int(m.hblkhd))
+
+
+def anonymous_rss() -> int | None:
+    """This process's anonymous resident memory in bytes (Linux ``RssAnon``), ``None`` where ``/proc`` does not
+    say. Memory the process allocates is anonymous; mapped files (the local embedding model) are not."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def release_freed_heap() -> None:

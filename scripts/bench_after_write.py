@@ -209,13 +209,9 @@ def bench_size(
 
 def _anon_rss_mb() -> float:
     """This process's anonymous resident memory (Linux), MiB; 0 elsewhere."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return 0.0
+    from memory_recall.heap import anonymous_rss
+
+    return round((anonymous_rss() or 0) / 2**20, 1)
 
 
 def main(argv: list[str] | None = None) -> int:

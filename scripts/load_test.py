@@ -28,7 +28,9 @@ Usage::
    RSS without that file's pages (``/proc/<pid>/smaps``) is sampled as well. The trend over the second half is
    the Theil-Sen slope of its in-load samples (with its 95 % interval), beside the least-squares one: a sample
    taken while a matrix copy is alive, or right after a heap trim, is an outlier that moves a fitted line and the
-   first-to-last difference, not the median of the pairwise slopes.
+   first-to-last difference, not the median of the pairwise slopes. With each sample the service's own
+   ``GET /v1/memory`` gives the C allocator's memory in use, trended the same way: the RSS rising while that
+   stays level is the heaps fragmenting, not the service holding more.
 
 Prints a table (count, errors, p50/p95/p99/max latency per kind, throughput) and the RSS samples; ``--out``
 writes everything as JSON.
@@ -300,16 +302,20 @@ class Service:
 
 class RssSampler(threading.Thread):
     """Samples the service's RSS every ``period`` seconds as ``(seconds since start, MiB)``, its anonymous part
-    the same way in ``anon``, and the RSS without the model file's pages (:func:`mapped_rss_mb`) in ``rest``."""
+    the same way in ``anon``, and the RSS without the model file's pages (:func:`mapped_rss_mb`) in ``rest``.
+    Given the service's ``url``, also the C allocator's memory in use from ``GET /v1/memory`` in ``in_use`` (a
+    sample the service does not answer within a second is left out): the RSS rising with it level is the heaps
+    fragmenting, not the service holding more."""
 
-    def __init__(self, pid: int, period: float) -> None:
+    def __init__(self, pid: int, period: float, url: str | None = None) -> None:
         from memory_recall.providers.embedding import local_engine_dir
 
         super().__init__(daemon=True)
-        self.pid, self.period = pid, period
+        self.pid, self.period, self.url = pid, period, url
         self.samples: list[tuple[float, float]] = []
         self.anon: list[tuple[float, float]] = []
         self.rest: list[tuple[float, float]] = []
+        self.in_use: list[tuple[float, float]] = []
         self.t0 = time.perf_counter()
         self._halt = threading.Event()
         engine = local_engine_dir()
@@ -322,7 +328,21 @@ class RssSampler(threading.Thread):
         self.samples.append((t, mb))
         self.anon.append((t, anon))
         self.rest.append((t, round(mb - model, 1)))
+        in_use = self._heap_in_use_mb()
+        if in_use is not None:
+            self.in_use.append((t, in_use))
         return mb
+
+    def _heap_in_use_mb(self) -> float | None:
+        import httpx
+
+        if self.url is None:
+            return None
+        try:
+            heap = httpx.get(f"{self.url}/v1/memory", timeout=1.0).raise_for_status().json()["heap"]
+        except httpx.HTTPError:
+            return None
+        return None if heap is None else round(heap["in_use_bytes"] / 2**20, 1)
 
     def run(self) -> None:
         while not self._halt.wait(self.period):
@@ -507,7 +527,7 @@ def run_load(
     service = Service(run_dir, run_dir / "service.log")
     try:
         ready_s = service.wait_ready()
-        sampler = RssSampler(service.proc.pid, sample_s)
+        sampler = RssSampler(service.proc.pid, sample_s, service.url)
         rss_ready = sampler.sample()
         start = time.perf_counter()
         queries = message_queries() if messages else _queries()
@@ -563,6 +583,8 @@ def run_load(
             "anon_kib_per_message_second_half": (
                 round(anon_trend["growth"] * 1024 / added_late, 1) if anon_trend and added_late else None
             ),
+            "heap_in_use_samples": sampler.in_use,
+            "heap_in_use_trend_second_half": half_trend(sampler.in_use, load_t0 + seconds / 2, load_end),
             "without_model_samples": sampler.rest,
             "without_model_trend_second_half": half_trend(sampler.rest, load_t0 + seconds / 2, load_end),
         },
@@ -662,6 +684,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         each = f", {trend['theil_sen_over_half_mib'] * 1024 / added:+.1f} KiB per message added" if added else ""
         print(f"anonymous RSS trend over the second half (Theil-Sen): {trend['theil_sen_mib_per_min']:+} MiB/min "
               f"(95 % interval {low:+} to {high:+}), {trend['theil_sen_over_half_mib']:+} MiB over the half{each}")
+    used = rss["heap_in_use_trend_second_half"]
+    if used:
+        low, high = used["theil_sen_95"]
+        added = rss["messages_added_second_half"]
+        each = f", {used['theil_sen_over_half_mib'] * 1024 / added:+.1f} KiB per message added" if added else ""
+        print(f"allocator's memory in use (GET /v1/memory) over the second half: {used['first']} -> {used['last']} "
+              f"MiB; trend (Theil-Sen) {used['theil_sen_mib_per_min']:+} MiB/min (95 % interval {low:+} to {high:+}), "
+              f"{used['theil_sen_over_half_mib']:+} MiB over the half{each}")
     rest = rss["without_model_trend_second_half"]
     if rest:
         print(f"RSS without the model file's pages over the second half, in-load samples only: {rest['first']} -> "

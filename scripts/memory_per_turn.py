@@ -37,10 +37,12 @@ from pathlib import Path
 
 def anon_rss_mib() -> float:
     """This process's anonymous resident memory (Linux ``/proc``), MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no RssAnon in /proc/self/status")
+    from memory_recall.heap import anonymous_rss
+
+    rss = anonymous_rss()
+    if rss is None:
+        raise RuntimeError("no RssAnon in /proc/self/status")
+    return rss / 2**20
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -162,3 +162,43 @@ def test_the_trimmer_gives_freed_heap_pages_back_once_per_note() -> None:
     assert (int(idle_trims), abs(float(idle) - float(freed)) < 4) == (0, True), out.stdout
     assert float(freed) - float(trimmed) > 40, out.stdout  # most of the 48 MiB returned
     assert (int(trims), alive, timed) == (1, "False", "True"), out.stdout
+
+
+_USAGE = r"""
+import sys
+from memory_recall import heap
+before = heap.heap_usage()
+rss_before = heap.anonymous_rss()
+blocks = [bytes([i % 251]) * 16384 for i in range(2000)]  # 2,000 heap blocks of 16,432 bytes (below mmap's bound)
+held = heap.heap_usage()
+rss_held = heap.anonymous_rss()
+del blocks
+after = heap.heap_usage()
+mib = 2 ** 20
+print(f"{(held.in_use - before.in_use) / mib} {(after.in_use - before.in_use) / mib} {(rss_held - rss_before) / mib}"
+      f" {int(held.heaps >= held.in_use - held.mapped)} {int(0 <= held.free <= held.heaps)}")
+"""
+
+
+@pytest.mark.skipif(not heap._glibc() or not hasattr(heap._glibc(), "mallinfo2"), reason="glibc 2.33+ (mallinfo2)")
+def test_heap_usage_counts_the_blocks_a_process_holds_and_frees() -> None:
+    """2,000 blocks of 16 KiB: the allocator's memory in use rises by their chunks (31.3 MiB) and falls back when
+    they are freed; the anonymous RSS rises with them; the heaps hold what is in use outside mappings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", _USAGE], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    held, after, rss, heaps_hold, free_inside = out.stdout.split()
+    assert 31.2 < float(held) < 31.6, out.stdout
+    assert abs(float(after)) < 0.2, out.stdout
+    assert float(rss) > 30, out.stdout
+    assert (heaps_hold, free_inside) == ("1", "1"), out.stdout
+
+
+def test_anonymous_rss_is_this_processs_rss_anon() -> None:
+    status = Path("/proc/self/status")
+    if not status.exists():
+        assert heap.anonymous_rss() is None
+        return
+    rss = heap.anonymous_rss()
+    kib = next(int(line.split()[1]) for line in status.read_text().splitlines() if line.startswith("RssAnon:"))
+    assert rss is not None and abs(rss - kib * 1024) < 4 << 20  # read a moment apart

@@ -24,6 +24,7 @@ Routes (``/v1``; OpenAPI at ``/openapi.json``, docs at ``/docs`` and ``/redoc``,
 ``GET    /v1/chats``, ``GET /v1/chats/{chat_id}/stats``      chat list, counts
 ``DELETE /v1/chats/{chat_id}``                               delete a chat
 ``GET    /v1/health`` (no token), ``GET /v1/version``        liveness, versions and embedding model
+``GET    /v1/memory``                                        the process's memory: RSS, allocator, trims
 ===========================================================  ==========================================
 
 Contract
@@ -106,7 +107,7 @@ from memory_recall.errors import (
     NotFound,
     StoreError,
 )
-from memory_recall.heap import HeapTrimmer
+from memory_recall.heap import HeapTrimmer, anonymous_rss, heap_usage
 from memory_recall.ingest import export_stbme, import_stbme_report, ingest_messages
 from memory_recall.ingest.messages import sync_messages
 from memory_recall.model.chat import ChatMessage
@@ -136,8 +137,10 @@ from memory_recall.service.schemas import (
     ErrorBody,
     EventResult,
     HealthBody,
+    HeapBody,
     IdBatch,
     ImportResult,
+    MemoryBody,
     MessageAdded,
     MessageDeleted,
     MessageEdited,
@@ -968,6 +971,21 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
     async def health() -> HealthBody:
         """Liveness (no token needed)."""
         return HealthBody(status="ok")
+
+    @app.get(f"{v1}/memory", response_model=MemoryBody, tags=["service"])
+    async def memory(request: Request) -> MemoryBody:
+        """The process's anonymous RSS, the C allocator's memory in use and free, and the heap trims so far: a
+        rising RSS with ``heap.in_use_bytes`` level is the heaps fragmenting, not the service holding more."""
+        trimmer = _svc(request).trimmer
+        usage = heap_usage()
+        return MemoryBody(
+            anonymous_rss_bytes=anonymous_rss(),
+            heap=None if usage is None else HeapBody(
+                in_use_bytes=usage.in_use, free_bytes=usage.free, heaps_bytes=usage.heaps, mapped_bytes=usage.mapped,
+            ),
+            heap_trims=trimmer.trims if trimmer is not None else 0,
+            heap_trim_seconds=round(trimmer.seconds, 6) if trimmer is not None else 0.0,
+        )
 
     @app.get(f"{v1}/version", response_model=VersionBody, tags=["service"])
     async def version(request: Request) -> VersionBody:

@@ -30,8 +30,10 @@ __all__ = [
     "ErrorBody",
     "EventResult",
     "HealthBody",
+    "HeapBody",
     "IdBatch",
     "ImportResult",
+    "MemoryBody",
     "MessageAdded",
     "MessageDeleted",
     "MessageEdited",
@@ -466,6 +468,28 @@ class StbmeExport(BaseModel):
 
 class HealthBody(BaseModel):
     status: Literal["ok"]
+
+
+class HeapBody(BaseModel):
+    """The C allocator's figures (glibc ``mallinfo2``, summed over its arenas; see
+    :class:`memory_recall.heap.HeapUsage`)."""
+
+    in_use_bytes: int = Field(description="Held by the process: blocks in the heaps and in their own mappings.")
+    free_bytes: int = Field(description="Free space inside the heaps (resident until reused or trimmed).")
+    heaps_bytes: int = Field(description="The heaps' size: in use (outside own mappings) plus free.")
+    mapped_bytes: int = Field(description="Blocks in their own mappings (part of in_use_bytes).")
+
+
+class MemoryBody(BaseModel):
+    """The service process's memory: whether a rising RSS is the process's own memory (``heap.in_use_bytes``
+    rising with it) or the heaps fragmenting (``in_use_bytes`` level)."""
+
+    anonymous_rss_bytes: int | None = Field(
+        description="Anonymous resident memory (Linux RssAnon; the model file's pages are not in it); null elsewhere."
+    )
+    heap: HeapBody | None = Field(description="The allocator's figures; null without glibc 2.33 or later.")
+    heap_trims: int = Field(description="Trims of the heaps' free pages so far (service.heap_trim_s).")
+    heap_trim_seconds: float = Field(description="Seconds those trims took in all.")
 
 
 class VersionBody(BaseModel):

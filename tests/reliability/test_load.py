@@ -39,6 +39,12 @@ def test_mixed_load_has_no_errors(tmp_path: Path) -> None:
     pairs = list(zip(rss["without_model_samples"], rss["samples"], strict=True))
     assert pairs[0][0][1] <= pairs[0][1][1] and all(0 < rest < mb for (_, rest), (_, mb) in pairs[1:])
     assert rss["without_model_trend_second_half"]["samples"] == trend["samples"]
+    # The allocator's memory in use from GET /v1/memory, with the samples (a late answer is left out): below the
+    # anonymous RSS of the same moment.
+    anon_at = dict(rss["anon_samples"])
+    assert len(rss["heap_in_use_samples"]) >= len(rss["samples"]) - 2
+    assert all(0 < used < anon_at[t] for t, used in rss["heap_in_use_samples"])
+    assert rss["heap_in_use_trend_second_half"] is not None
     assert out["clean_shutdown"]
 
 

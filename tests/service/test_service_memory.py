@@ -48,6 +48,17 @@ def test_requests_are_followed_by_a_trim_and_the_trimmer_stops_with_the_service(
             while trimmer.trims == 0 and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert trimmer.trims >= 1 and trimmer.seconds > 0
+            # GET /v1/memory reports the trims, the anonymous RSS and the allocator's figures of this process.
+            body = httpx.get(f"{server.url}/v1/memory", timeout=30).json()
+            assert body["heap_trims"] >= 1 and body["heap_trim_seconds"] > 0
+            assert body["anonymous_rss_bytes"] > 20 << 20
+            if hasattr(heap._glibc(), "mallinfo2"):
+                h = body["heap"]
+                assert set(h) == {"in_use_bytes", "free_bytes", "heaps_bytes", "mapped_bytes"}
+                assert 0 < h["in_use_bytes"] < body["anonymous_rss_bytes"]
+                assert 0 <= h["free_bytes"] <= h["heaps_bytes"] and h["mapped_bytes"] <= h["in_use_bytes"]
+            else:
+                assert body["heap"] is None
         finally:
             server.stop()
         assert _trimmers() == before
@@ -60,5 +71,7 @@ def test_zero_keeps_the_heaps_as_glibc_leaves_them(tmp_path: Path) -> None:
         try:
             assert httpx.get(f"{server.url}/v1/health", timeout=30).status_code == 200
             assert app.state.service.trimmer is None
+            body = httpx.get(f"{server.url}/v1/memory", timeout=30).json()
+            assert (body["heap_trims"], body["heap_trim_seconds"]) == (0, 0.0)
         finally:
             server.stop()

@@ -33,7 +33,8 @@ class TestAuth:
         server, client = live_server(token=TOKEN, public_docs=False)
         with httpx.Client(base_url=server.url) as anon:
             assert anon.get("/v1/health").status_code == 200  # liveness stays open
-            for method, path in [("GET", "/v1/chats"), ("GET", "/v1/version"), ("POST", "/v1/recall"),
+            for method, path in [("GET", "/v1/chats"), ("GET", "/v1/version"), ("GET", "/v1/memory"),
+                                 ("POST", "/v1/recall"),
                                  ("GET", "/openapi.json"), ("DELETE", "/v1/chats/c1")]:
                 r = anon.request(method, path, json={"chat_id": "c1"})
                 assert r.status_code == 401, (method, path)

@@ -101,7 +101,7 @@ def _junit(report: Path) -> dict[str, list[str]]:
 def test_schemathesis_finds_nothing(live_server: Any, tmp_path: Path) -> None:
     server, client = live_server()
     operations = _operations(client)
-    assert len(operations) == 19  # every route of memory_recall.service.app (the module docstring's table)
+    assert len(operations) == 20  # every route of memory_recall.service.app (the module docstring's table)
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG, encoding="utf-8")
     groups = _halves(operations)
