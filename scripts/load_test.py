@@ -614,6 +614,14 @@ def half_trend(samples: Sequence[tuple[float, float]], start: float, end: float)
             "theil_sen_over_half_mib": round(float(robust) * (t[-1] - t[0]), 2)}
 
 
+def _theil_sen_text(trend: dict[str, Any], added: int) -> str:
+    """``trend``'s Theil-Sen slope, its 95 % interval and its growth over the half, per message ``added`` too."""
+    low, high = trend["theil_sen_95"]
+    each = f", {trend['theil_sen_over_half_mib'] * 1024 / added:+.1f} KiB per message added" if added else ""
+    return (f"{trend['theil_sen_mib_per_min']:+} MiB/min (95 % interval {low:+} to {high:+}), "
+            f"{trend['theil_sen_over_half_mib']:+} MiB over the half{each}")
+
+
 def table(out: dict[str, Any]) -> str:
     head = ("kind", "ok", "errors", "per s", "p50 ms", "p95 ms", "p99 ms", "max ms", "2nd half p50", "2nd half p95")
     rows = [head] + [
@@ -679,19 +687,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"({trend['growth']:+} MiB, slope {trend['slope_mib_per_min']:+} MiB/min over {trend['samples']} "
               f"samples); {rss['messages_added_second_half']} messages added meanwhile "
               f"({rss['anon_kib_per_message_second_half']} KiB each)")
-        low, high = trend["theil_sen_95"]
-        added = rss["messages_added_second_half"]
-        each = f", {trend['theil_sen_over_half_mib'] * 1024 / added:+.1f} KiB per message added" if added else ""
-        print(f"anonymous RSS trend over the second half (Theil-Sen): {trend['theil_sen_mib_per_min']:+} MiB/min "
-              f"(95 % interval {low:+} to {high:+}), {trend['theil_sen_over_half_mib']:+} MiB over the half{each}")
+        print(f"anonymous RSS trend over the second half (Theil-Sen): "
+              f"{_theil_sen_text(trend, rss['messages_added_second_half'])}")
     used = rss["heap_in_use_trend_second_half"]
     if used:
-        low, high = used["theil_sen_95"]
-        added = rss["messages_added_second_half"]
-        each = f", {used['theil_sen_over_half_mib'] * 1024 / added:+.1f} KiB per message added" if added else ""
         print(f"allocator's memory in use (GET /v1/memory) over the second half: {used['first']} -> {used['last']} "
-              f"MiB; trend (Theil-Sen) {used['theil_sen_mib_per_min']:+} MiB/min (95 % interval {low:+} to {high:+}), "
-              f"{used['theil_sen_over_half_mib']:+} MiB over the half{each}")
+              f"MiB; trend (Theil-Sen) {_theil_sen_text(used, rss['messages_added_second_half'])}")
     rest = rss["without_model_trend_second_half"]
     if rest:
         print(f"RSS without the model file's pages over the second half, in-load samples only: {rest['first']} -> "
