@@ -954,7 +954,7 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
 
         def run() -> bool:
             deleted = svc.store.delete_chat(chat_id)
-            svc.snapshots.invalidate(chat_id)
+            svc.snapshots.forget(chat_id)
             return deleted
 
         if svc.worker is not None:

@@ -2585,9 +2585,22 @@ class SnapshotCache:
             return True
 
     def invalidate(self, chat_id: str | None = None) -> None:
+        """Drop the cached snapshots of ``chat_id`` (every chat's with None): the next :meth:`get` builds them."""
         with self._lock:
             if chat_id is None:
                 self._items.clear()
             else:
                 for key in [k for k in self._items if k[0] == chat_id]:
                     del self._items[key]
+
+    def forget(self, chat_id: str) -> None:
+        """Drop everything kept for ``chat_id``, a deleted chat: its snapshots, its per-key update locks and its
+        :attr:`last_update` entry. Without it, a service that creates and deletes chats kept one lock per chat
+        and model forever. A lock a thread holds stays (it still updates under it); one a thread took but has not
+        acquired yet goes, and at worst a later update then runs beside that one, which only repeats work."""
+        with self._lock:
+            for key in [k for k in self._items if k[0] == chat_id]:
+                del self._items[key]
+            for key in [k for k, lock in self._updating.items() if k[0] == chat_id and not lock.locked()]:
+                del self._updating[key]
+            self.last_update.pop(chat_id, None)

@@ -75,3 +75,26 @@ def test_zero_keeps_the_heaps_as_glibc_leaves_them(tmp_path: Path) -> None:
             assert (body["heap_trims"], body["heap_trim_seconds"]) == (0, 0.0)
         finally:
             server.stop()
+
+
+def test_deleting_a_chat_drops_what_the_snapshot_cache_kept_for_it(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "store") as store:
+        app = create_app(RecallSettings(), store=store)
+        server = LiveServer(app).start()
+        try:
+            with httpx.Client(base_url=server.url, timeout=60) as client:
+                for chat in ("gone", "kept"):
+                    message = {"floor": 0, "role": "user", "speaker": "Ash", "text": f"The key of {chat} is here."}
+                    r = client.post(f"/v1/chats/{chat}/events", json={"type": "message_added", "message": message})
+                    assert r.status_code == 200, r.text
+                    r = client.post("/v1/recall", json={"chat_id": chat, "messages": [message]})
+                    assert r.status_code == 200, r.text
+                cache = app.state.service.snapshots
+                assert sorted({k[0] for k in cache._items}) == sorted({k[0] for k in cache._updating}) == [
+                    "gone", "kept"]
+                assert sorted(cache.last_update) == ["gone", "kept"]
+                assert client.delete("/v1/chats/gone").status_code == 200
+                assert sorted({k[0] for k in cache._items}) == sorted({k[0] for k in cache._updating}) == ["kept"]
+                assert sorted(cache.last_update) == ["kept"]
+        finally:
+            server.stop()

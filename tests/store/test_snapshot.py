@@ -163,6 +163,24 @@ class TestCache:
             cache.invalidate("c")
             assert cache.get(store, "c", "", now_ms=600) is not rebuilt
 
+    def test_forget_drops_a_deleted_chats_snapshots_locks_and_last_update_only(self, tmp_path: Path) -> None:
+        cache = SnapshotCache()
+        with Store(tmp_path / "s.sqlite3") as store:
+            store.replace_graph("c", _graph())
+            store.replace_graph("d", _graph())
+            kept = cache.get(store, "d", "", now_ms=100)
+            cache.get(store, "c", "", now_ms=100)
+            cache.get(store, "c", "m", now_ms=100)
+            held = cache._key_lock(("c", "held"))
+            with held:
+                cache.forget("c")
+                # The lock a thread holds stays; the others of "c" go, and "d" keeps everything.
+                assert sorted(cache._updating) == [("c", "held"), ("d", "")]
+                assert sorted(cache._items) == [("d", "")] and cache.last_update == {"d": "rebuild"}
+            assert cache.get(store, "d", "", now_ms=200) is kept
+            cache.forget("c")
+            assert sorted(cache._updating) == [("d", "")]
+
 
 class TestSharedPrefix:
     """The string columns a delta rewrites in place: shared items, the rewritten positions held apart."""
