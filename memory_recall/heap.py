@@ -62,6 +62,8 @@ def _glibc() -> Any:
 
                     lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
                     lib.malloc_trim, lib.mallopt  # noqa: B018 - both present, or not glibc
+                    if hasattr(lib, "mallinfo2"):  # glibc 2.33+
+                        lib.mallinfo2.restype = _Mallinfo2
                     _libc = lib
                 except (OSError, AttributeError):
                     _libc = False
@@ -100,7 +102,6 @@ def heap_usage() -> HeapUsage | None:
     info = getattr(lib, "mallinfo2", None) if lib else None
     if info is None:
         return None
-    info.restype = _Mallinfo2
     m = info()
     return HeapUsage(in_use=int(m.uordblks + m.hblkhd), free=int(m.fordblks), heaps=int(m.arena),
                      mapped=int(m.hblkhd))
