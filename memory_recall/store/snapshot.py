@@ -2598,9 +2598,8 @@ class SnapshotCache:
         :attr:`last_update` entry. Without it, a service that creates and deletes chats kept one lock per chat
         and model forever. A lock a thread holds stays (it still updates under it); one a thread took but has not
         acquired yet goes, and at worst a later update then runs beside that one, which only repeats work."""
+        self.invalidate(chat_id)
         with self._lock:
-            for key in [k for k in self._items if k[0] == chat_id]:
-                del self._items[key]
             for key in [k for k, lock in self._updating.items() if k[0] == chat_id and not lock.locked()]:
                 del self._updating[key]
             self.last_update.pop(chat_id, None)
