@@ -86,7 +86,9 @@ class HeapUsage:
     heaps' size, of which ``free`` is free space. The RSS can sit anywhere between ``in_use`` and ``heaps`` plus
     ``mapped``: free pages stay resident until reused or trimmed (:class:`HeapTrimmer`), and a free chunk smaller
     than a page, or a page shared with a live block, cannot be given back at all. So ``in_use`` rising with the RSS
-    is the process's own memory growing; the RSS rising while ``in_use`` stays level is the heaps fragmenting.
+    is the process's own memory growing. It is glibc's alone: Python's small objects (up to 512 bytes) live in
+    Python's own arenas, which ``mallinfo2`` does not see, so the RSS rising while ``in_use`` stays level is the
+    heaps fragmenting or Python's small objects growing.
     """
 
     in_use: int

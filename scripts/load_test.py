@@ -30,7 +30,8 @@ Usage::
    taken while a matrix copy is alive, or right after a heap trim, is an outlier that moves a fitted line and the
    first-to-last difference, not the median of the pairwise slopes. With each sample the service's own
    ``GET /v1/memory`` gives the C allocator's memory in use, trended the same way: the RSS rising while that
-   stays level is the heaps fragmenting, not the service holding more.
+   stays level is the heaps fragmenting or Python's small objects growing (they live in Python's own arenas,
+   outside glibc's figures).
 
 Prints a table (count, errors, p50/p95/p99/max latency per kind, throughput) and the RSS samples; ``--out``
 writes everything as JSON.
@@ -305,7 +306,7 @@ class RssSampler(threading.Thread):
     the same way in ``anon``, and the RSS without the model file's pages (:func:`mapped_rss_mb`) in ``rest``.
     Given the service's ``url``, also the C allocator's memory in use from ``GET /v1/memory`` in ``in_use`` (a
     sample the service does not answer within a second is left out): the RSS rising with it level is the heaps
-    fragmenting, not the service holding more."""
+    fragmenting or Python's small objects growing, which glibc's figures do not count."""
 
     def __init__(self, pid: int, period: float, url: str | None = None) -> None:
         from memory_recall.providers.embedding import local_engine_dir

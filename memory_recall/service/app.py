@@ -975,7 +975,8 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one flat list of routes r
     @app.get(f"{v1}/memory", response_model=MemoryBody, tags=["service"])
     async def memory(request: Request) -> MemoryBody:
         """The process's anonymous RSS, the C allocator's memory in use and free, and the heap trims so far: a
-        rising RSS with ``heap.in_use_bytes`` level is the heaps fragmenting, not the service holding more."""
+        rising RSS with ``heap.in_use_bytes`` level is the heaps fragmenting or Python's small objects (outside
+        glibc's figures), not blocks glibc hands out."""
         trimmer = _svc(request).trimmer
         usage = heap_usage()
         return MemoryBody(

@@ -481,8 +481,9 @@ class HeapBody(BaseModel):
 
 
 class MemoryBody(BaseModel):
-    """The service process's memory: whether a rising RSS is the process's own memory (``heap.in_use_bytes``
-    rising with it) or the heaps fragmenting (``in_use_bytes`` level)."""
+    """The service process's memory: whether a rising RSS is what glibc's allocator hands out
+    (``heap.in_use_bytes`` rising with it) or not (``in_use_bytes`` level: the heaps fragmenting, or Python's
+    small objects, which live in Python's own arenas outside ``mallinfo2``)."""
 
     anonymous_rss_bytes: int | None = Field(
         description="Anonymous resident memory (Linux RssAnon; the model file's pages are not in it); null elsewhere."
