@@ -34,7 +34,10 @@ Usage::
    outside glibc's figures).
 
 Prints a table (count, errors, p50/p95/p99/max latency per kind, throughput) and the RSS samples; ``--out``
-writes everything as JSON.
+writes everything as JSON. ``--repeat N`` runs the load N times, one after the other, each on a fresh copy of the
+chat and a fresh service, and ends with the second half's anonymous RSS trend of every run, their median and how
+many runs have its 95 % interval above zero (:func:`repeat_summary`; ``--out`` then holds every run and the
+summary): on a shared machine single 60 s runs of one code spread over several MiB.
 """
 
 from __future__ import annotations
@@ -638,38 +641,26 @@ def table(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--nodes", type=int, default=10_000)
-    parser.add_argument("--messages", type=int, default=0,
-                        help="a message chat of this many turns (real ingestion) instead of the --nodes graph")
-    parser.add_argument("--vectors", choices=("local", "random"), default="local",
-                        help="stored vectors of the built chat: the local engine, or seeded random unit vectors "
-                             "under its model id (builds in seconds; recall timings alike)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout (counts as an error)")
-    parser.add_argument("--sample-s", type=float, default=1.0, help="RSS sampling period")
-    parser.add_argument("--seed", type=int, default=9)
-    parser.add_argument("--mix", default="70,20,10", help="percent of recalls, message_added events, edits")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="store to build or reuse (default: a per-size directory in the temp dir)")
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--build-only", action="store_true", help="build or check the chat, then stop")
-    args = parser.parse_args(argv)
-    size = f"msgs-{args.messages}" if args.messages else str(args.nodes)
-    data_dir = args.data_dir or Path(tempfile.gettempdir()) / f"memory-recall-load-{size}"
-    if args.build_only:
-        built = (build_message_chat(data_dir, args.messages, vectors=args.vectors) if args.messages
-                 else build_chat(data_dir, args.nodes, vectors=args.vectors))
-        print(json.dumps(built, indent=2))
-        return 0
-    mix = [float(x) / 100 for x in args.mix.split(",")]
-    if len(mix) != 3 or any(x < 0 for x in mix) or abs(sum(mix) - 1) > 1e-9:
-        parser.error(f"--mix must be three percentages adding up to 100, got {args.mix!r}")
-    out = run_load(data_dir=data_dir, nodes=args.nodes, clients=args.clients, seconds=args.seconds,
-                   timeout=args.timeout, sample_s=args.sample_s, seed=args.seed, mix=mix, messages=args.messages,
-                   vectors=args.vectors)
+def repeat_summary(outs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The second half's anonymous RSS trend over repeated runs (``run_load`` results, in run order): each run's
+    Theil-Sen growth over the half (MiB), their median, and how many runs have the trend's 95 % interval wholly
+    above zero, including zero (an end at zero counts as including it) or wholly below. Single 60 s runs of one
+    code spread over several MiB on a shared machine, so a comparison needs several runs per variant. A run
+    without a trend (under two samples in the half) counts in none of them."""
+    trends = [out["rss_mb"]["anon_trend_second_half"] for out in outs]
+    trends = [t for t in trends if t]
+    growth = [t["theil_sen_over_half_mib"] for t in trends]
+    return {
+        "growth_mib": growth,
+        "median_mib": round(float(np.median(growth)), 2) if growth else None,
+        "above_zero": sum(1 for t in trends if t["theil_sen_95"][0] > 0),
+        "including_zero": sum(1 for t in trends if t["theil_sen_95"][0] <= 0 <= t["theil_sen_95"][1]),
+        "below_zero": sum(1 for t in trends if t["theil_sen_95"][1] < 0),
+    }
+
+
+def report(out: dict[str, Any], args: argparse.Namespace) -> None:
+    """Print one run's figures (the table, the RSS samples and trends, the first errors)."""
     print()
     chat = f"{args.messages} messages, " if args.messages else ""
     print(f"load test started {out['started']}: {args.clients} clients, mix {args.mix}, {out['wall_s']} s, "
@@ -704,9 +695,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     for k, v in out["kinds"].items():
         for e in v["first_errors"]:
             print(f"ERROR {k}: {e}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--messages", type=int, default=0,
+                        help="a message chat of this many turns (real ingestion) instead of the --nodes graph")
+    parser.add_argument("--vectors", choices=("local", "random"), default="local",
+                        help="stored vectors of the built chat: the local engine, or seeded random unit vectors "
+                             "under its model id (builds in seconds; recall timings alike)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout (counts as an error)")
+    parser.add_argument("--sample-s", type=float, default=1.0, help="RSS sampling period")
+    parser.add_argument("--seed", type=int, default=9)
+    parser.add_argument("--mix", default="70,20,10", help="percent of recalls, message_added events, edits")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="store to build or reuse (default: a per-size directory in the temp dir)")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs one after the other, each on a fresh copy of the chat; a summary of the second "
+                             "half's RSS trend follows")
+    parser.add_argument("--build-only", action="store_true", help="build or check the chat, then stop")
+    args = parser.parse_args(argv)
+    size = f"msgs-{args.messages}" if args.messages else str(args.nodes)
+    data_dir = args.data_dir or Path(tempfile.gettempdir()) / f"memory-recall-load-{size}"
+    if args.build_only:
+        built = (build_message_chat(data_dir, args.messages, vectors=args.vectors) if args.messages
+                 else build_chat(data_dir, args.nodes, vectors=args.vectors))
+        print(json.dumps(built, indent=2))
+        return 0
+    mix = [float(x) / 100 for x in args.mix.split(",")]
+    if len(mix) != 3 or any(x < 0 for x in mix) or abs(sum(mix) - 1) > 1e-9:
+        parser.error(f"--mix must be three percentages adding up to 100, got {args.mix!r}")
+    if args.repeat < 1:
+        parser.error(f"--repeat must be a positive number of runs, got {args.repeat}")
+    outs = []
+    for _ in range(args.repeat):
+        out = run_load(data_dir=data_dir, nodes=args.nodes, clients=args.clients, seconds=args.seconds,
+                       timeout=args.timeout, sample_s=args.sample_s, seed=args.seed, mix=mix,
+                       messages=args.messages, vectors=args.vectors)
+        report(out, args)
+        outs.append(out)
+    summary = repeat_summary(outs) if len(outs) > 1 else None
+    if summary is not None:
+        growth = ", ".join(f"{g:+}" for g in summary["growth_mib"])
+        print(f"\nanonymous RSS over the second half, {len(outs)} runs (Theil-Sen): {growth} MiB; median "
+              f"{summary['median_mib']:+} MiB; its 95 % interval above zero in {summary['above_zero']}, "
+              f"including zero in {summary['including_zero']}, below zero in {summary['below_zero']}")
     if args.out:
-        args.out.write_text(json.dumps(out, indent=2) + "\n")
-    return 1 if out["errors"] else 0
+        doc = outs[0] if summary is None else {"runs": outs, "summary": summary}
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    return 1 if any(out["errors"] for out in outs) else 0
 
 
 if __name__ == "__main__":

@@ -99,6 +99,30 @@ def test_half_trend_theil_sen_ignores_a_spike_least_squares_does_not() -> None:
     assert trend["slope_mib_per_min"] == 25.45
 
 
+def _run_with_trend(samples: list[tuple[float, float]] | None) -> dict[str, object]:
+    """A ``run_load`` result reduced to what :func:`repeat_summary` reads: the trend of ``samples`` over (0, 10]."""
+    return {"rss_mb": {"anon_trend_second_half": lt.half_trend(samples, 0.0, 10.0) if samples else None}}
+
+
+def test_repeat_summary_counts_runs_by_where_their_interval_lies() -> None:
+    rising = [(float(t), 100.0 + t) for t in range(1, 11)]  # 1 MiB/s: every pairwise slope 1, interval [60, 60]
+    flat = [(float(t), 120.0) for t in range(1, 11)]  # interval [0, 0]: includes zero
+    noisy = [(float(t), 120.0 + (2.0 if t % 2 else -2.0)) for t in range(1, 11)]  # median slope 0, interval about it
+    falling = [(float(t), 200.0 - 0.5 * t) for t in range(1, 11)]
+    runs = [_run_with_trend(x) for x in (rising, flat, noisy, falling)] + [_run_with_trend(None)]
+    summary = lt.repeat_summary(runs)
+    # Theil-Sen growth over the 9 s between the first and the last sample; the run without a trend is left out.
+    assert summary == {"growth_mib": [9.0, 0.0, 0.0, -4.5], "median_mib": 0.0,
+                       "above_zero": 1, "including_zero": 2, "below_zero": 1}
+
+
+def test_repeat_below_one_run_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        lt.main(["--nodes", "40", "--repeat", "0"])
+    assert exc.value.code == 2
+    assert "--repeat must be a positive number of runs, got 0" in capsys.readouterr().err
+
+
 def test_reused_chat_is_not_rebuilt(tmp_path: Path) -> None:
     first = lt.build_chat(tmp_path, 40, log=lambda _: None)
     again = lt.build_chat(tmp_path, 40, log=lambda _: None)
