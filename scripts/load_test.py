@@ -647,8 +647,7 @@ def repeat_summary(outs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     above zero, including zero (an end at zero counts as including it) or wholly below. Single 60 s runs of one
     code spread over several MiB on a shared machine, so a comparison needs several runs per variant. A run
     without a trend (under two samples in the half) counts in none of them."""
-    trends = [out["rss_mb"]["anon_trend_second_half"] for out in outs]
-    trends = [t for t in trends if t]
+    trends = [t for out in outs if (t := out["rss_mb"]["anon_trend_second_half"])]
     growth = [t["theil_sen_over_half_mib"] for t in trends]
     return {
         "growth_mib": growth,
@@ -731,7 +730,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--mix must be three percentages adding up to 100, got {args.mix!r}")
     if args.repeat < 1:
         parser.error(f"--repeat must be a positive number of runs, got {args.repeat}")
-    outs = []
+    outs: list[dict[str, Any]] = []
     for _ in range(args.repeat):
         out = run_load(data_dir=data_dir, nodes=args.nodes, clients=args.clients, seconds=args.seconds,
                        timeout=args.timeout, sample_s=args.sample_s, seed=args.seed, mix=mix,
