@@ -37,7 +37,10 @@ Prints a table (count, errors, p50/p95/p99/max latency per kind, throughput) and
 writes everything as JSON. ``--repeat N`` runs the load N times, one after the other, each on a fresh copy of the
 chat and a fresh service, and ends with the second half's anonymous RSS trend of every run, their median and how
 many runs have its 95 % interval above zero (:func:`repeat_summary`; ``--out`` then holds every run and the
-summary): on a shared machine single 60 s runs of one code spread over several MiB.
+summary): on a shared machine single 60 s runs of one code spread over several MiB. ``--arm "NAME VAR=VALUE …"``
+(repeatable) compares service environments: each of the ``--repeat`` rounds runs every arm once, in the order
+given, so the arms alternate and share the machine's busy and quiet spells; the summary is then per arm, and every
+run records its arm and the service's ``GET /v1/memory`` answer at the end.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ import asyncio
 import json
 import os
 import random
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -55,7 +60,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,10 +271,11 @@ def cpu_s(pid: int) -> float:
 class Service:
     """``memory-recall serve`` in a subprocess with default settings and the local embedder."""
 
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
+    def __init__(self, data_dir: Path, log_path: Path, env: Mapping[str, str] | None = None) -> None:
+        """``env``: variables set in the service's environment on top of this process's (an arm's)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, MEMORY_RECALL_CONFIG="", MEMORY_RECALL_EMBEDDING__PROVIDER="local")
+        env = dict(os.environ, MEMORY_RECALL_CONFIG="", MEMORY_RECALL_EMBEDDING__PROVIDER="local", **(env or {}))
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "memory_recall.cli", "serve", "--data-dir", str(data_dir),
@@ -511,9 +517,11 @@ def _pcts(values: Sequence[float]) -> dict[str, float]:
 def run_load(
     *, data_dir: Path, nodes: int, clients: int, seconds: float, timeout: float = 60.0, sample_s: float = 1.0,
     seed: int = 9, mix: Sequence[float] = MIX, messages: int = 0, vectors: str = "local", log: Any = print,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Build/reuse the chat (``messages`` > 0: a message chat of that many turns, else the ``nodes``-node
-    benchmark graph), start the service, run the load; returns the JSON figures (see the module doc)."""
+    benchmark graph), start the service (``env`` added to its environment), run the load; returns the JSON figures
+    (see the module doc)."""
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     load_before = [round(x, 2) for x in os.getloadavg()]
     if messages:
@@ -528,7 +536,7 @@ def run_load(
     run_dir = Path(tempfile.mkdtemp(prefix="load-run-"))
     for f in data_dir.glob(f"{DB_NAME}*"):
         shutil.copy2(f, run_dir / f.name)
-    service = Service(run_dir, run_dir / "service.log")
+    service = Service(run_dir, run_dir / "service.log", env)
     try:
         ready_s = service.wait_ready()
         sampler = RssSampler(service.proc.pid, sample_s, service.url)
@@ -548,6 +556,7 @@ def run_load(
         sampler.stop()
         cpu_load = cpu_s(service.proc.pid) - cpu0
         rss_end = sampler.sample()
+        memory_end = _service_memory(service.url)
     finally:
         clean_shutdown = service.stop()
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -592,9 +601,17 @@ def run_load(
             "without_model_samples": sampler.rest,
             "without_model_trend_second_half": half_trend(sampler.rest, load_t0 + seconds / 2, load_end),
         },
+        "service_memory_end": memory_end,
         "clean_shutdown": clean_shutdown,
         "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
     }
+
+
+def _service_memory(url: str) -> dict[str, Any]:
+    """The service's ``GET /v1/memory`` answer (its RSS, heaps and heap trims so far)."""
+    import httpx
+
+    return dict(httpx.get(f"{url}/v1/memory", timeout=10.0).raise_for_status().json())
 
 
 def half_trend(samples: Sequence[tuple[float, float]], start: float, end: float) -> dict[str, float] | None:
@@ -658,11 +675,43 @@ def repeat_summary(outs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One service environment of a comparison: its name and the variables it sets."""
+
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_arm(text: str) -> Arm:
+    """``NAME [VAR=VALUE ...]``, split as a shell splits words (a value may hold ``=``, ``:`` and ``,``, and spaces
+    when quoted), as ``env`` takes them. Raises :class:`ValueError` naming what is wrong."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"cannot split it into words: {exc}") from None
+    if not words or "=" in words[0]:
+        raise ValueError("the arm needs a name before its variables")
+    env: dict[str, str] = {}
+    for item in words[1:]:
+        var, eq, value = item.partition("=")
+        if not eq or not _ENV_NAME.fullmatch(var):
+            raise ValueError(f"{item!r} is not VAR=VALUE with VAR an environment variable's name")
+        if var in env:
+            raise ValueError(f"{var} is set twice")
+        env[var] = value
+    return Arm(words[0], env)
+
+
 def report(out: dict[str, Any], args: argparse.Namespace) -> None:
     """Print one run's figures (the table, the RSS samples and trends, the first errors)."""
     print()
     chat = f"{args.messages} messages, " if args.messages else ""
-    print(f"load test started {out['started']}: {args.clients} clients, mix {args.mix}, {out['wall_s']} s, "
+    arm = f" [arm {out['arm']}]" if "arm" in out else ""
+    print(f"load test{arm} started {out['started']}: {args.clients} clients, mix {args.mix}, {out['wall_s']} s, "
           f"{chat}{out['chat']['node_count']} nodes, embedder {out['embedder']}; load average before "
           f"{out['load_average']['before']}, after {out['load_average']['after']}")
     print(table(out))
@@ -715,7 +764,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs one after the other, each on a fresh copy of the chat; a summary of the second "
-                             "half's RSS trend follows")
+                             "half's RSS trend follows (with --arm: rounds, each running every arm once)")
+    parser.add_argument("--arm", action="append", default=[], metavar="'NAME [VAR=VALUE ...]'",
+                        help="a service environment to compare (repeatable); the arms alternate, the summary is "
+                             "per arm")
     parser.add_argument("--build-only", action="store_true", help="build or check the chat, then stop")
     args = parser.parse_args(argv)
     size = f"msgs-{args.messages}" if args.messages else str(args.nodes)
@@ -730,23 +782,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--mix must be three percentages adding up to 100, got {args.mix!r}")
     if args.repeat < 1:
         parser.error(f"--repeat must be a positive number of runs, got {args.repeat}")
+    arms: list[Arm] = []
+    for text in args.arm:
+        try:
+            arms.append(parse_arm(text))
+        except ValueError as exc:
+            parser.error(f"--arm {text!r}: {exc}")
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        parser.error(f"--arm names must differ, got {', '.join(names)}")
     outs: list[dict[str, Any]] = []
     for _ in range(args.repeat):
-        out = run_load(data_dir=data_dir, nodes=args.nodes, clients=args.clients, seconds=args.seconds,
-                       timeout=args.timeout, sample_s=args.sample_s, seed=args.seed, mix=mix,
-                       messages=args.messages, vectors=args.vectors)
-        report(out, args)
-        outs.append(out)
-    summary = repeat_summary(outs) if len(outs) > 1 else None
-    if summary is not None:
-        growth = ", ".join(f"{g:+}" for g in summary["growth_mib"])
-        print(f"\nanonymous RSS over the second half, {len(outs)} runs (Theil-Sen): {growth} MiB; median "
-              f"{summary['median_mib']:+} MiB; its 95 % interval above zero in {summary['above_zero']}, "
-              f"including zero in {summary['including_zero']}, below zero in {summary['below_zero']}")
+        for arm in arms or [Arm("")]:  # no --arm: one run per round, the environment as it is
+            out = run_load(data_dir=data_dir, nodes=args.nodes, clients=args.clients, seconds=args.seconds,
+                           timeout=args.timeout, sample_s=args.sample_s, seed=args.seed, mix=mix,
+                           messages=args.messages, vectors=args.vectors, env=arm.env)
+            if arm.name:
+                out = {"arm": arm.name, "arm_env": arm.env, **out}
+            report(out, args)
+            outs.append(out)
+    doc: dict[str, Any] = outs[0]
+    if arms:
+        summaries = {a.name: repeat_summary([o for o in outs if o["arm"] == a.name]) for a in arms}
+        for name, summary in summaries.items():
+            _print_summary(f"arm {name}, {args.repeat} run{'s' if args.repeat > 1 else ''}", summary)
+        doc = {"runs": outs, "summary": summaries}
+    elif len(outs) > 1:
+        summary = repeat_summary(outs)
+        _print_summary(f"{len(outs)} runs", summary)
+        doc = {"runs": outs, "summary": summary}
     if args.out:
-        doc = outs[0] if summary is None else {"runs": outs, "summary": summary}
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
     return 1 if any(out["errors"] for out in outs) else 0
+
+
+def _print_summary(what: str, summary: dict[str, Any]) -> None:
+    growth = ", ".join(f"{g:+}" for g in summary["growth_mib"])
+    median = "none" if summary["median_mib"] is None else f"{summary['median_mib']:+} MiB"
+    print(f"\nanonymous RSS over the second half, {what} (Theil-Sen): {growth} MiB; median {median}; its 95 % "
+          f"interval above zero in {summary['above_zero']}, including zero in {summary['including_zero']}, below "
+          f"zero in {summary['below_zero']}")
 
 
 if __name__ == "__main__":

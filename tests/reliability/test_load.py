@@ -5,6 +5,7 @@ every answer valid (the script validates each one) and the service's RSS sampled
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,62 @@ def test_memory_per_turn_prints_the_retained_memory_per_turn(
     assert [line.split(":")[0] for line in out[1:3]] == ["turn 4", "turn 6"]
     assert "KiB per turn since turn 2" in out[1] and "KiB per turn since turn 4" in out[2]
     assert out[3] == "what holds the most of it at turn 6:" and len(out) == 7
+
+
+def test_parse_arm_reads_a_name_and_its_variables() -> None:
+    assert lt.parse_arm("shipped") == lt.Arm("shipped", {})
+    # Words as a shell splits them: values may hold '=', ':' and ',' (glibc's tunables, jemalloc's options, a path
+    # list), and spaces when quoted.
+    arm = lt.parse_arm("tuned GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.tcache_count=0 "
+                       "MALLOC_CONF=background_thread:true,dirty_decay_ms:1000 'NOTE=two words'")
+    assert arm == lt.Arm("tuned", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=1:glibc.malloc.tcache_count=0",
+                                   "MALLOC_CONF": "background_thread:true,dirty_decay_ms:1000",
+                                   "NOTE": "two words"})
+    assert lt.parse_arm("empty-value X=") == lt.Arm("empty-value", {"X": ""})
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--arm", "X=1"], "--arm 'X=1': the arm needs a name before its variables"),
+        (["--arm", " "], "--arm ' ': the arm needs a name before its variables"),
+        (["--arm", "a X"], "--arm 'a X': 'X' is not VAR=VALUE with VAR an environment variable's name"),
+        (["--arm", "a 1X=2"], "--arm 'a 1X=2': '1X=2' is not VAR=VALUE with VAR an environment variable's name"),
+        (["--arm", "a X=1 X=2"], "--arm 'a X=1 X=2': X is set twice"),
+        (["--arm", "a 'X=1"], "--arm \"a 'X=1\": cannot split it into words: No closing quotation"),
+        (["--arm", "a", "--arm", "a X=1"], "--arm names must differ, got a, a"),
+    ],
+)
+def test_a_bad_arm_is_a_usage_error_naming_it(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        lt.main(["--nodes", "40", *argv])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(message)
+
+
+def test_arms_alternate_and_each_runs_its_environment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two rounds of two arms against the real service: the runs alternate a, b, a, b, each service got its arm's
+    variables (the heap trimmer off in one, every 0.2 s in the other: the trims its ``GET /v1/memory`` counts at the
+    end), and the summary is per arm, over that arm's runs."""
+    out = tmp_path / "arms.json"
+    code = lt.main(["--nodes", "40", "--clients", "2", "--seconds", "1.5", "--data-dir", str(tmp_path / "chat"),
+                    "--repeat", "2", "--out", str(out),
+                    "--arm", "untrimmed MEMORY_RECALL_SERVICE__HEAP_TRIM_S=0",
+                    "--arm", "trimmed MEMORY_RECALL_SERVICE__HEAP_TRIM_S=0.2"])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    runs = doc["runs"]
+    assert [r["arm"] for r in runs] == ["untrimmed", "trimmed", "untrimmed", "trimmed"]
+    assert [r["arm_env"] for r in runs[:2]] == [{"MEMORY_RECALL_SERVICE__HEAP_TRIM_S": "0"},
+                                              {"MEMORY_RECALL_SERVICE__HEAP_TRIM_S": "0.2"}]
+    trims = [r["service_memory_end"]["heap_trims"] for r in runs]
+    assert trims[0] == trims[2] == 0 and trims[1] >= 1 and trims[3] >= 1
+    assert list(doc["summary"]) == ["untrimmed", "trimmed"]
+    for name, summary in doc["summary"].items():
+        mine = [r for r in runs if r["arm"] == name]
+        assert summary == lt.repeat_summary(mine)
+    printed = capsys.readouterr().out
+    assert printed.count("load test [arm untrimmed] started ") == 2
+    assert "anonymous RSS over the second half, arm trimmed, 2 runs (Theil-Sen): " in printed
