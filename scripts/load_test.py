@@ -349,7 +349,7 @@ class RssSampler(threading.Thread):
         if self.url is None:
             return None
         try:
-            heap = httpx.get(f"{self.url}/v1/memory", timeout=1.0).raise_for_status().json()["heap"]
+            heap = _service_memory(self.url, timeout=1.0)["heap"]
         except httpx.HTTPError:
             return None
         return None if heap is None else round(heap["in_use_bytes"] / 2**20, 1)
@@ -607,11 +607,11 @@ def run_load(
     }
 
 
-def _service_memory(url: str) -> dict[str, Any]:
-    """The service's ``GET /v1/memory`` answer (its RSS, heaps and heap trims so far)."""
+def _service_memory(url: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The service's ``GET /v1/memory`` answer (its RSS, heaps and heap trims so far); raises ``httpx.HTTPError``."""
     import httpx
 
-    return dict(httpx.get(f"{url}/v1/memory", timeout=10.0).raise_for_status().json())
+    return dict(httpx.get(f"{url}/v1/memory", timeout=timeout).raise_for_status().json())
 
 
 def half_trend(samples: Sequence[tuple[float, float]], start: float, end: float) -> dict[str, float] | None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reliability.rel_crash_helpers import load_script  # tests/ is on sys.path (no __init__.py)
 
 from memory_recall import bench
 from memory_recall.pipeline.retrieve import STAGE_ORDER
@@ -59,24 +60,11 @@ def test_bench_main_writes_one_object_per_size(tmp_path: Path, capsys: pytest.Ca
     assert any(line.startswith("turn_ms") for line in table.splitlines())
 
 
-def _script(name: str) -> object:
-    import importlib.util
-    import sys
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"script_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bench_after_write_times_the_event_in_wall_and_cpu_time(tmp_path: Path) -> None:
     """``scripts/bench_after_write.py`` on a 300-node graph: every figure of the issue's table, in wall time and in
     process CPU time (the event's CPU time leaves out the commit's wait for the disk). A turn's event is its ingest
     plus its refresh, turn by turn, so the event's percentiles lie above each part's."""
-    baw: Any = _script("bench_after_write")
+    baw: Any = load_script("bench_after_write")
     r = baw.bench_size(300, turns=5, warm=3, store_dir=tmp_path, profile="default")
     assert r["nodes"] == 300 and r["profile"] == "default" and r["refresh"] is True
     for key in ("warm_ms", "ingest_ms", "refresh_ms", "event_ms", "recall_ms", "after_write_ms",

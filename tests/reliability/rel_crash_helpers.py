@@ -1,5 +1,6 @@
-"""Loads the crash and load scripts as modules, so the fast tests run exactly the code of the long runs (not a
-test module; imported by ``test_crash.py`` and ``test_load.py``: pytest puts tests/reliability on sys.path)."""
+"""Loads the scripts as modules, so the fast tests run exactly the code of the long runs (not a test module;
+imported by ``test_crash.py`` and ``test_load.py``, for which pytest puts tests/reliability on sys.path, and by
+``tests/test_bench.py`` as ``reliability.rel_crash_helpers``)."""
 
 from __future__ import annotations
 
