@@ -2249,10 +2249,16 @@ def _appended_snapshot(
 
     # id_rank: the new ids' places among the old ids (byte order = code point order), old ranks shifted past them.
     if new_ids:
-        by_rank = np.empty(n_old, dtype=object)
-        by_rank[snap.id_rank] = np.fromiter(snap.ids, dtype=object, count=n_old)
+        # Each new id's count of old ids below it by a binary search over the old ranks (O(log n) ids read), not
+        # an (n,) array of every id, which cost O(n) Python reads of the ids per event.
+        at_rank = np.empty(n_old, dtype=np.int64)
+        at_rank[snap.id_rank] = np.arange(n_old, dtype=np.int64)
+        ids_old = snap.ids
         order_new = sorted(range(len(new_ids)), key=new_ids.__getitem__)
-        below = np.searchsorted(by_rank, np.array([new_ids[j] for j in order_new], dtype=object))
+        below = np.array(
+            [bisect.bisect_left(range(n_old), new_ids[j], key=lambda r: ids_old[int(at_rank[r])]) for j in order_new],
+            dtype=np.int64,
+        )
         id_rank = snap.id_rank + np.searchsorted(below, snap.id_rank, side="right")
         new_rank = np.empty(len(new_ids), dtype=np.int64)
         new_rank[order_new] = below + np.arange(len(new_ids))
