@@ -1071,12 +1071,14 @@ class _NodesOnDemand(Mapping[str, Node]):
     ones too). Iteration yields the nodes read so far only: the planner iterates for characters and entities,
     which :func:`load_view_targeted` reads up front."""
 
-    def __init__(self, reader: _TargetedReader, chat_id: str, nodes: Iterable[Node]) -> None:
+    def __init__(self, reader: _TargetedReader, chat_id: str, known: dict[str, Node], nodes: Iterable[Node]) -> None:
+        """``known``: nodes by id, taken over (added to here); ``nodes``: more, added after them. A warm event
+        passes every owner node of the chat (thousands on a large chat) as the store's ingest cache holds them,
+        so nothing here loops over them."""
         self._reader = reader
         self._chat_id = chat_id
-        listed = list(nodes)
-        # Built in C: a warm event passes every owner node of the chat (thousands on a large chat).
-        self._known: dict[str, Node | None] = dict(zip(map(operator.attrgetter("id"), listed), listed, strict=True))
+        self._known: dict[str, Node | None] = known  # type: ignore[assignment]  # absent ids are added as None
+        self.remember(nodes)
 
     def remember(self, nodes: Iterable[Node]) -> None:
         """Add nodes read elsewhere (in the same read transaction)."""
@@ -1146,10 +1148,11 @@ def load_view_targeted(reader: Any, chat_id: str, messages: Sequence[ChatMessage
         else:
             chain = base.chain if base.chain is not None else tuple(reader.message_chain(chat_id))
     else:
-        owners = reader.get_nodes_by_type(chat_id, ("character", "entity"))
-        speakers = {fold_name(str(n.fields.get("name", ""))) for n in owners if n.type == "character"}
+        listed = reader.get_nodes_by_type(chat_id, ("character", "entity"))
+        speakers = {fold_name(str(n.fields.get("name", ""))) for n in listed if n.type == "character"}
+        owners = dict(zip(map(operator.attrgetter("id"), listed), listed, strict=True))
         chain = None
-    nodes = _NodesOnDemand(reader, chat_id, [*owners, *planned])
+    nodes = _NodesOnDemand(reader, chat_id, owners, planned)
     seeds = [mid for mid in touched if mid in nodes]
     # As load_view: speakers known by any character node, candidates by any node of the id.
     seeds.extend(_unknown_speaker_entities(messages, speakers, nodes))

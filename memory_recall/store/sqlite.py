@@ -568,14 +568,15 @@ class ChainRun:
 class IngestBase:
     """What an ingest event reads of a chat before planning (:meth:`StoreReader.ingest_base`).
 
-    ``owners`` = :meth:`StoreReader.get_nodes_by_type` of :data:`OWNER_TYPES`. ``runs`` is set when every stored
+    ``owners`` = :meth:`StoreReader.get_nodes_by_type` of :data:`OWNER_TYPES`, by id in that order (the caller's
+    own copy: it may add to it). ``runs`` is set when every stored
     link of the chain agrees with the ``(seq, node_id)`` order of the active message nodes (so relinking around
     the anchors touches nothing outside the runs): the runs around the anchors, ``chain`` unset. Otherwise
     ``chain`` is the whole :meth:`StoreReader.message_chain` and ``runs`` unset. ``derived`` is the snapshot of
     the caller's :class:`OwnerDerived` (``None`` without a factory).
     """
 
-    owners: list[Node]
+    owners: dict[str, Node]
     runs: tuple[ChainRun, ...] | None
     chain: tuple[ChainLink, ...] | None
     derived: Any
@@ -708,7 +709,7 @@ class IngestCache:
         if derive is not None and entry.derived is None:
             entry.derived = derive(entry.owners.values())
         snap = entry.derived.snapshot() if derive is not None and entry.derived is not None else None
-        owners = list(entry.owners.values())
+        owners = dict(entry.owners)  # one C copy: the planner's lookups start from it (no loop over the owners)
         if entry.consistent:
             return IngestBase(owners, entry.runs(anchors, margin), None, snap)
         chain = tuple((seq, nid, *entry.rows[nid][1:]) for seq, nid in entry.order)

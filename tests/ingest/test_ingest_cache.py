@@ -253,7 +253,8 @@ class TestCacheUse:
         with Store(db_path) as fresh, fresh.read() as r:
             rows = r.get_nodes_by_type(CHAT, ("character", "entity"))
             chain = r.message_chain(CHAT)
-        assert [n.model_dump_json() for n in cached.owners] == [n.model_dump_json() for n in rows]
+        assert [n.model_dump_json() for n in cached.owners.values()] == [n.model_dump_json() for n in rows]
+        assert list(cached.owners) == [n.id for n in rows]
         assert cached.chain is None and cached.runs is not None
         assert [run.links for run in cached.runs] == [tuple(chain[-2:])]  # two before the new floor, none after
         assert (cached.runs[0].at_start, cached.runs[0].at_end) == (False, True)
