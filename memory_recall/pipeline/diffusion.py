@@ -297,14 +297,28 @@ def _temporal_rows(
     if rows.size == 0:
         return sp.csr_array((k, n), dtype=np.float64)
     low, high = keys >> _PAIR_SHIFT, keys & _PAIR_LOW
-    # ``rows`` is sorted: a pair end's position among them by a search (no (n,) lookup table).
-    lo_at = np.minimum(np.searchsorted(rows, low), rows.size - 1)
-    hi_at = np.minimum(np.searchsorted(rows, high), rows.size - 1)
-    lo_in, hi_in = rows[lo_at] == low, rows[hi_at] == high
-    r = np.concatenate([local[lo_at[lo_in]], local[hi_at[hi_in]]])
+    # The pairs with an end among ``rows`` by an (n,) byte mask (a gather per pair), then the ends' positions among
+    # the sorted ``rows`` by a search over those few pairs only.
+    held = np.zeros(n, dtype=bool)
+    held[rows] = True
+    lo_in, hi_in = held[low], held[high]
+    r = np.concatenate([local[np.searchsorted(rows, low[lo_in])], local[np.searchsorted(rows, high[hi_in])]])
     c = np.concatenate([high[lo_in], low[hi_in]])
-    w = np.full(r.size, min(1.0, strength))
-    return sp.csr_array((w, (r, c)), shape=(k, n))
+    return _temporal_matrix(r, c, k, n, strength)
+
+
+def _temporal_matrix(r: np.ndarray, c: np.ndarray, k: int, n: int, strength: float) -> sp.csr_array:
+    """The ``(k, n)`` matrix of the temporal entries ``(r[i], c[i])``, each ``min(1, strength)``, for the build and
+    an update alike (so their index dtypes agree: int64): rows in order, columns sorted within a row, a pair
+    ``low == high`` giving its entry twice, as the build holds it. Straight to CSR: scipy's COO route cost more
+    than the rest of an update of a few rows."""
+    r, c = np.asarray(r, dtype=np.int64), np.asarray(c, dtype=np.int64)
+    order = np.lexsort((c, r))
+    indptr = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(np.bincount(r, minlength=k), out=indptr[1:])
+    out = sp.csr_array((k, n), dtype=np.float64)
+    out.data, out.indices, out.indptr = np.full(r.size, min(1.0, strength)), c[order], indptr
+    return out
 
 
 def _scaled(m: sp.csr_array, left: np.ndarray, right: np.ndarray) -> sp.csr_array | None:
@@ -380,10 +394,8 @@ def _build_adjacency(
     if strength > 0 and pairs.size:
         pairs = _unique_pairs(np.sort(pairs, axis=1), n)
         synthetic = int(pairs.shape[0])
-        w = np.full(2 * synthetic, min(1.0, strength))
-        temporal = sp.csr_array(
-            (w, (np.concatenate([pairs[:, 0], pairs[:, 1]]), np.concatenate([pairs[:, 1], pairs[:, 0]]))),
-            shape=(n, n),
+        temporal = _temporal_matrix(
+            np.concatenate([pairs[:, 0], pairs[:, 1]]), np.concatenate([pairs[:, 1], pairs[:, 0]]), n, n, strength
         )
         if n < _MAX_UPDATE_N:
             keys = (pairs[:, 0] << _PAIR_SHIFT) | pairs[:, 1]  # sorted and unique already
