@@ -562,6 +562,31 @@ def test_scaled_declines_a_repeated_or_unsorted_row() -> None:
     assert kept is not None and kept.indices.tolist() == [2, 0] and kept.data.tolist() == [1.0, 2.0]
 
 
+def test_temporal_matrix_holds_scipys_entries_rows_in_order() -> None:
+    """``_temporal_matrix`` holds what scipy's COO route holds (the same sums once canonical), rows in order and
+    columns sorted, a ``low == high`` pair's entry twice; its rows added to a matrix give scipy's sum bit for bit."""
+    import scipy.sparse as sp
+
+    from memory_recall.pipeline.diffusion import _temporal_matrix
+
+    r = np.array([3, 0, 2, 0, 2, 1], dtype=np.int64)
+    c = np.array([1, 4, 2, 2, 2, 0], dtype=np.int64)  # (2, 2) twice: a pair of a node with itself
+    got = _temporal_matrix(r, c, 4, 5, 0.3)
+    assert got.indptr.tolist() == [0, 2, 3, 5, 6]
+    assert got.indices.tolist() == [2, 4, 0, 2, 2, 1]
+    assert got.data.tolist() == [0.3] * 6 and got.indices.dtype == got.indptr.dtype == np.int64
+    coo = sp.csr_array((np.full(6, 0.3), (r, c)), shape=(4, 5))
+    other = sp.csr_array(np.array([[0, 0, 0.7, 0, 0], [0.1, 0, 0, 0, 0], [0, 0, 0.2, 0, 0], [0, 0, 0, 0, 0.9]]))
+    for x, y in ((coo, got), (other + coo, other + got)):
+        x, y = sp.csr_array(x), sp.csr_array(y)
+        for m in (x, y):
+            m.sum_duplicates()
+            m.sort_indices()
+        assert (x.indptr.tolist(), x.indices.tolist(), x.data.tobytes()) == (
+            y.indptr.tolist(), y.indices.tolist(), y.data.tobytes())
+    assert _temporal_matrix(np.zeros(0), np.zeros(0), 2, 3, 2.0).indptr.tolist() == [0, 0, 0]
+
+
 # -- updates after a delta ---------------------------------------------------------------------------------------
 
 _CHAT = "upd"
