@@ -2393,6 +2393,31 @@ def _appended_snapshot(
     return new, frozenset(changed_columns), relinked
 
 
+#: Per knowledge owner entry (by ``id``, while it lives): its id lists as sets. An entry is immutable and a chat's
+#: state is carried from snapshot to snapshot until it is written, so a chat event does not build them again.
+_ID_SETS: dict[int, tuple[weakref.ref[Any], tuple[frozenset[str], ...]]] = {}
+_ID_SETS_LOCK = threading.Lock()
+
+
+def _id_sets(entry: Any) -> tuple[frozenset[str], ...]:
+    """``(known, manual known, mistaken, manual hidden)`` node ids of a knowledge owner entry, as sets."""
+    with _ID_SETS_LOCK:
+        held = _ID_SETS.get(id(entry))
+        if held is not None and held[0]() is entry:
+            return held[1]
+    sets = (frozenset(entry.known_node_ids), frozenset(entry.manual_known_node_ids),
+            frozenset(entry.mistaken_node_ids), frozenset(entry.manual_hidden_node_ids))
+    with _ID_SETS_LOCK:
+        _ID_SETS[id(entry)] = (weakref.ref(entry), sets)
+    weakref.finalize(entry, _forget_id_sets, id(entry))
+    return sets
+
+
+def _forget_id_sets(key: int) -> None:
+    with _ID_SETS_LOCK:
+        _ID_SETS.pop(key, None)
+
+
 def _knowledge_extended(
     old: KnowledgeArrays, state: KnowledgeState, new_ids: Sequence[str], scope_owner_key: np.ndarray,
     rows: list[int], n: int,
@@ -2412,8 +2437,7 @@ def _knowledge_extended(
     at = np.asarray(rows, dtype=np.int64)
     row_ids: list[str | None] = [None] * (len(rows) - len(new_ids)) + list(new_ids)
     for o, entry in enumerate(entries):
-        sets = (set(entry.known_node_ids), set(entry.manual_known_node_ids), set(entry.mistaken_node_ids),
-                set(entry.manual_hidden_node_ids))
+        sets = _id_sets(entry)
         for j, p in enumerate(rows):
             node_id = row_ids[j]
             if node_id is None:
