@@ -58,6 +58,7 @@ from memory_recall.pipeline.kernels.diffusion import Adjacency, propagate, rank
 from memory_recall.pipeline.kind_weights import MESSAGE_TYPE_CODE
 from memory_recall.pipeline.state import QueryPlan, RecallState, StageResult, StageTrace, timed
 from memory_recall.settings import AnchorSettings, DiffusionSettings
+from memory_recall.store.csr import rows_of
 from memory_recall.store.snapshot import GraphSnapshot
 
 if TYPE_CHECKING:
@@ -413,21 +414,6 @@ def _union(*parts: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([np.asarray(p, dtype=np.int64).reshape(-1) for p in parts]))
 
 
-def _rows_of(mat: sp.csr_array | sp.csr_matrix, rows: np.ndarray) -> sp.csr_array:
-    """``mat[rows]`` as a ``csr_array`` (each row's stored entries verbatim, same dtypes) by one numpy gather: a
-    few rows of a large matrix without scipy's fancy-indexing overhead. O(entries of those rows)."""
-    indptr = mat.indptr
-    starts, ends = indptr[rows], indptr[rows + 1]
-    lengths = (ends - starts).astype(np.int64)
-    out_ptr = np.zeros(rows.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out_ptr[1:])
-    at = np.repeat(starts.astype(np.int64) - out_ptr[:-1], lengths) + np.arange(int(out_ptr[-1]), dtype=np.int64)
-    # Set on an empty matrix (no format flags cached yet): the constructor could narrow the index dtype.
-    out = sp.csr_array((rows.size, mat.shape[1]), dtype=mat.data.dtype)
-    out.data, out.indices, out.indptr = mat.data[at], mat.indices[at], out_ptr.astype(mat.indptr.dtype)
-    return out
-
-
 def _neighbours(mat: sp.csr_array | sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
     """Columns stored in the ``rows`` of ``mat`` (a symmetric matrix: the nodes linked to them)."""
     if rows.size == 0:
@@ -436,7 +422,7 @@ def _neighbours(mat: sp.csr_array | sp.csr_matrix, rows: np.ndarray) -> np.ndarr
     if rows.size == 1:
         r = int(rows[0])
         return indices[indptr[r] : indptr[r + 1]].astype(np.int64)
-    return np.asarray(_rows_of(mat, rows).indices, dtype=np.int64)
+    return np.asarray(rows_of(mat, rows).indices, dtype=np.int64)
 
 
 def _spliced(old: sp.csr_array, rows: np.ndarray, sub: sp.csr_array, n: int) -> sp.csr_array | None:
@@ -566,7 +552,7 @@ def _updated_adjacency(
             counted = snapshot.type_code == MESSAGE_TYPE_CODE
             retyped = np.flatnonzero(counted[:n_old] != prov.counted)
             candidates = _union(candidates, retyped, _neighbours(adjacency, retyped))
-        rows = sp.csr_array(_rows_of(adjacency, candidates), dtype=np.float64)
+        rows = sp.csr_array(rows_of(adjacency, candidates), dtype=np.float64)
         damp = _damping(_hub_degree(rows, counted), hub_threshold, hub_exponent)
         factors = np.concatenate([prov.factors, np.ones(n - n_old)])
         before = factors[candidates]
@@ -580,10 +566,10 @@ def _updated_adjacency(
     k = changed_normal.size
     temporal = _temporal_rows(keys, changed_normal, np.arange(k), k, n, strength) if keys.size else None
     normal_rows = _normal_rows(
-        sp.csr_array(_rows_of(adjacency, changed_normal), dtype=np.float64),
+        sp.csr_array(rows_of(adjacency, changed_normal), dtype=np.float64),
         None if factors is None else factors[changed_normal], factors, temporal,
     )
-    inhibit_rows = sp.csr_array(_rows_of(snapshot.inhibit, changed_inhibit), dtype=np.float64)
+    inhibit_rows = sp.csr_array(rows_of(snapshot.inhibit, changed_inhibit), dtype=np.float64)
     inhibit_rows.sum_duplicates()
     inhibit_rows.sort_indices()
     normal = _spliced(parent.normal, changed_normal, normal_rows, n)

@@ -73,6 +73,7 @@ from itertools import pairwise
 import numpy as np
 import scipy.sparse as sp
 
+from memory_recall.store.csr import rows_of, stacked
 from memory_recall.text.stem import STEM_METHODS, stem_term
 
 __all__ = [
@@ -451,13 +452,13 @@ class Bm25Index:
             kept = (delta.by_doc, delta.length, delta.gap)
             if out_pos:
                 out = np.asarray(out_pos, dtype=np.int64)
-                lost.append(delta.by_doc[out].indices)
+                lost.append(rows_of(delta.by_doc, out).indices)
                 n_docs -= int(out.size)
                 total -= int(delta.length[out].sum())
                 keep = np.ones(d_old, dtype=bool)
                 keep[out] = False
                 rows = np.flatnonzero(keep)
-                kept = (delta.by_doc[rows], delta.length[rows], delta.gap[rows])
+                kept = (rows_of(delta.by_doc, rows), delta.length[rows], delta.gap[rows])
                 remaining = list(delta.ids)
                 for p in reversed(out_pos):
                     del remaining[p]
@@ -500,7 +501,7 @@ class Bm25Index:
             if kept is None or not k:
                 by_doc, length, gap, ids = _widen(added, size), added_len, new_gap, list(new_ids)
             else:
-                by_doc = sp.vstack([_widen(kept[0], size), _widen(added, size)], format="csr")
+                by_doc = stacked(kept[0], added, size)
                 length, gap = np.concatenate([kept[1], added_len]), np.concatenate([kept[2], new_gap])
                 ids = list(kept_ids)
                 for pos, node_id in zip(new_pos.tolist(), new_ids, strict=True):
@@ -511,7 +512,7 @@ class Bm25Index:
                     rest = np.ones(k + m, dtype=bool)
                     rest[new_pos] = False
                     perm[rest] = np.arange(k, dtype=np.int64)
-                    by_doc, length, gap = by_doc[perm], length[perm], gap[perm]
+                    by_doc, length, gap = rows_of(by_doc, perm), length[perm], gap[perm]
             result = Bm25Index(
                 main, self.terms, df, n_docs, total, self.stem, dead, _Delta.of(tuple(ids), by_doc, length, gap)
             )

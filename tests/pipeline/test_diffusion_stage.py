@@ -518,7 +518,8 @@ def test_scaled_equals_scipys_products_bit_for_bit(seed: int) -> None:
     of a larger matrix (an update's) and the whole of it (a build's) alike."""
     import scipy.sparse as sp
 
-    from memory_recall.pipeline.diffusion import _rows_of, _scaled
+    from memory_recall.pipeline.diffusion import _scaled
+    from memory_recall.store.csr import rows_of
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(2, 80))
@@ -531,7 +532,7 @@ def test_scaled_equals_scipys_products_bit_for_bit(seed: int) -> None:
     factors[int(rng.integers(0, n))] = 0.0
     factors[int(rng.integers(0, n))] = 1e-300
     for rows in (np.arange(n), np.sort(rng.choice(n, int(rng.integers(0, n)), replace=False))):
-        sub = sp.csr_array(_rows_of(full, rows.astype(np.int64)), dtype=np.float64)
+        sub = sp.csr_array(rows_of(full, rows.astype(np.int64)), dtype=np.float64)
         expected = sp.csr_array(sp.diags_array(factors[rows]) @ sub @ sp.diags_array(factors))
         expected.sum_duplicates()
         expected.sort_indices()
