@@ -844,6 +844,30 @@ def fts_columns(node: Node) -> tuple[str, str, str]:
     return " ".join(cols[0]), " ".join(cols[1]), " ".join(cols[2])
 
 
+_JSON_DECODER = json.JSONDecoder()
+
+
+def _fields_json(text: str) -> str | None:
+    """The ``"fields":{...}`` span of a node's JSON text (:func:`_dumps`), ``None`` when it cannot be found. The
+    first ``"fields":`` is the top-level key: only ``id`` and ``type`` come before it, and inside a JSON string
+    the quotes are escaped."""
+    at = text.find('"fields":')
+    if at < 0:
+        return None
+    try:
+        _, end = _JSON_DECODER.raw_decode(text, at + len('"fields":'))
+    except ValueError:
+        return None
+    return text[at:end]
+
+
+def _same_fields(old_json: str, new_json: str) -> bool:
+    """Whether two node JSON texts hold the same ``fields`` in the same order at every depth (what
+    :func:`fts_columns` reads, in its order): their JSON text, from the one serializer, is the same."""
+    old, new = _fields_json(old_json), _fields_json(new_json)
+    return old is not None and old == new
+
+
 def _rollback(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:
         try:
@@ -1707,8 +1731,14 @@ class StoreWriter(StoreReader):
             return 0
         chat = self.chat_id
         base = 1 if reorder else self._next_ord("nodes")
+        # A stored node whose FTS row would come out the same (same archived flag, same fields in the same order:
+        # the FTS columns are a function of those) keeps its row, and the chat's BM25 index its document. A chat
+        # turn rewrites the previous message (its link to the new one) and the owners it mentions (their floor
+        # ranges), whose text stands.
+        stored = {} if reorder else self._stored_rows(list(batch))
         rows: list[tuple[Any, ...]] = []
         fts: list[tuple[str, str, str, str, str]] = []
+        touched: list[str] = []
         for k, (i, node) in enumerate(batch.values()):
             text = _dumps(node, f"nodes[{i}]")
             seq_end = node.seq_range[1] if node.seq_range is not None else None
@@ -1717,22 +1747,35 @@ class StoreWriter(StoreReader):
                 (chat, node.id, base + k, node.type, int(node.archived), seq_end, text, ix.to_json(),
                  ix.to_packed(), ix.strings_json(), compress_text(text), self._version)
             )
+            old = stored.get(node.id)
+            if old is not None and old[0] == int(node.archived) and _same_fields(old[1], text):
+                continue
+            touched.append(node.id)
             if not node.archived:
                 fts.append((chat, node.id, *fts_columns(node)))
-        ids = [(chat, node_id) for node_id in batch]
         if reorder:  # node order changes: no delta describes it
             self._record_rebuild()
             self._followable = False
         else:
-            present = self._existing_nodes(list(batch))
-            self._created.update(nid for nid in batch if nid not in present)
+            self._created.update(nid for nid in batch if nid not in stored)
             for row in rows:
                 self._node_log[row[1]] = row[6]
-        self._fts_touched.update(batch)
-        conn.executemany(_DELETE_FTS, ids)
+        self._fts_touched.update(touched)
+        conn.executemany(_DELETE_FTS, [(chat, node_id) for node_id in touched])
         conn.executemany(_UPSERT_NODE_REORDER if reorder else _UPSERT_NODE, rows)
         conn.executemany(_INSERT_FTS, fts)
         return len(rows)
+
+    def _stored_rows(self, ids: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """node id → (archived, JSON) of the ids that are nodes of the chat."""
+        found: dict[str, tuple[int, str]] = {}
+        for part in _chunks(ids):
+            rows = self._conn.execute(
+                f"SELECT node_id, archived, json FROM nodes WHERE chat_id = ? AND node_id IN ({_marks(len(part))})",
+                (self.chat_id, *part),
+            )
+            found.update((node_id, (int(archived), text)) for node_id, archived, text in rows)
+        return found
 
     def delete_nodes(self, ids: Iterable[str]) -> int:
         """Hard-delete nodes with their edges, embeddings and FTS rows; unknown ids are ignored.

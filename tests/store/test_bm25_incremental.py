@@ -4,8 +4,10 @@ through the store, a write's touched rows bring the cached index up to date with
 
 from __future__ import annotations
 
+import json
 import random
 import threading
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -298,6 +300,14 @@ def _no_build() -> Bm25Index:
 CHAT = "inc"
 
 
+def _fts_rows(store: Store) -> list[tuple[str, str, str, str]]:
+    """The chat's FTS rows (node id, primary, secondary, body terms), in node-id order."""
+    with store.read() as r:
+        return [tuple(row) for row in r._conn.execute(
+            "SELECT n.node_id, f.c0, f.c1, f.c2 FROM nodes AS n JOIN nodes_fts_content AS f ON f.id = n.rid "
+            "WHERE n.chat_id = ? ORDER BY n.node_id", (CHAT,))]
+
+
 def _store_fresh(store: Store, stem: str) -> list[list[tuple[str, float]]]:
     """The answers of an index rebuilt from the store's rows (the cache cleared first)."""
     cache_for(store).clear()
@@ -337,6 +347,45 @@ class TestThroughTheStore:
             assert cache_for(store).deltas - deltas in (0, 1)
             assert got == _store_fresh(store, stem)
             store.bm25(CHAT, ["dragon"], 10, stem=stem)  # cache the rebuilt index again for the next write
+
+    def test_a_rewrite_with_the_same_fields_keeps_its_fts_row(self, store: Store, tmp_path: Path) -> None:
+        """A chat turn rewrites nodes whose text stands (the previous message's link, an owner's floor range): their
+        FTS rows are left as they are and the cached index is not told of them; a node whose fields change, whose
+        fields come in another order or whose archived flag flips is written again. Either way the FTS rows are a
+        fresh store's and the index answers as a rebuild."""
+        a, b, c = node("a", title="dragon lair", notes="cave"), node("b", title="stone gate"), node("c", title="oath")
+        store.upsert_nodes(CHAT, [a, b, c])
+        store.bm25(CHAT, ["dragon"], 10)
+        moved = a.model_copy(update={"seq": 7, "updated_at": 5, "next_id": "b"})  # the same fields
+        grown = node("b", title="stone gate", summary="runs")
+        gone = c.model_copy(update={"archived": True})
+        with store.write(CHAT) as w:
+            w.upsert_nodes([moved, grown, gone])
+            first = set(w._fts_touched)
+        reordered = node("b", summary="runs", title="stone gate")  # the same values in another order
+        with store.write(CHAT) as w:
+            w.upsert_nodes([moved, reordered, gone])
+            second = set(w._fts_touched)
+        assert (first, second) == ({"b", "c"}, {"b"})
+        with Store(tmp_path / "fresh.sqlite3") as fresh:
+            fresh.upsert_nodes(CHAT, [moved, reordered, gone])
+            assert _fts_rows(store) == _fts_rows(fresh)
+        assert _fts_rows(store) == [("a", "dragon lair", "", "cave"), ("b", "stone gate", "runs", "")]
+        assert [store.bm25(CHAT, t, 1000) for t in STORE_QUERIES] == _store_fresh(store, "none")
+
+    def test_the_fields_span_is_the_top_level_one(self) -> None:
+        """The ``fields`` compared are the node's own, whatever its values hold: a nested ``fields`` key, a value
+        quoting ``"fields":``; another value or order compares unequal."""
+        from memory_recall.store.sqlite import _dumps, _fields_json, _same_fields
+
+        tricky = node("t", title='say "fields": {}', extra={"fields": [1, 2]})
+        text = _dumps(tricky, "node")
+        assert _fields_json(text) == '"fields":' + json.dumps(tricky.fields, ensure_ascii=False, separators=(",", ":"))
+        moved = _dumps(tricky.model_copy(update={"seq": 9, "next_id": "u"}), "node")
+        assert _same_fields(text, moved)
+        assert not _same_fields(text, _dumps(node("t", extra={"fields": [1, 2]}, title='say "fields": {}'), "node"))
+        assert not _same_fields(text, _dumps(node("t", title='say "fields": {}', extra={"fields": [2, 1]}), "node"))
+        assert not _same_fields("{}", "{}")  # no fields to compare: written again
 
     def test_two_writes_between_queries_and_a_reinforcement(self, store: Store) -> None:
         store.upsert_nodes(CHAT, [node("a", title="dragon lair"), node("b", title="cave")])
