@@ -310,15 +310,17 @@ def _temporal_rows(
 
 def _temporal_matrix(r: np.ndarray, c: np.ndarray, k: int, n: int, strength: float) -> sp.csr_array:
     """The ``(k, n)`` matrix of the temporal entries ``(r[i], c[i])``, each ``min(1, strength)``, for the build and
-    an update alike (so their index dtypes agree: int64): rows in order, columns sorted within a row, a pair
-    ``low == high`` giving its entry twice, as the build holds it. Straight to CSR: scipy's COO route cost more
-    than the rest of an update of a few rows."""
+    an update alike, so their index dtypes agree (int32 while the indices fit: the normal matrix it is added to
+    keeps the adjacency's int32 then, half the bytes an update copies): rows in order, columns sorted within a
+    row, a pair ``low == high`` giving its entry twice, as the build holds it. Straight to CSR: scipy's COO route
+    cost more than the rest of an update of a few rows."""
     r, c = np.asarray(r, dtype=np.int64), np.asarray(c, dtype=np.int64)
     order = np.lexsort((c, r))
-    indptr = np.zeros(k + 1, dtype=np.int64)
+    index = np.int32 if max(n, r.size) <= np.iinfo(np.int32).max else np.int64
+    indptr = np.zeros(k + 1, dtype=index)
     np.cumsum(np.bincount(r, minlength=k), out=indptr[1:])
     out = sp.csr_array((k, n), dtype=np.float64)
-    out.data, out.indices, out.indptr = np.full(r.size, min(1.0, strength)), c[order], indptr
+    out.data, out.indices, out.indptr = np.full(r.size, min(1.0, strength)), c[order].astype(index), indptr
     return out
 
 

@@ -575,7 +575,7 @@ def test_temporal_matrix_holds_scipys_entries_rows_in_order() -> None:
     got = _temporal_matrix(r, c, 4, 5, 0.3)
     assert got.indptr.tolist() == [0, 2, 3, 5, 6]
     assert got.indices.tolist() == [2, 4, 0, 2, 2, 1]
-    assert got.data.tolist() == [0.3] * 6 and got.indices.dtype == got.indptr.dtype == np.int64
+    assert got.data.tolist() == [0.3] * 6 and got.indices.dtype == got.indptr.dtype == np.int32
     coo = sp.csr_array((np.full(6, 0.3), (r, c)), shape=(4, 5))
     other = sp.csr_array(np.array([[0, 0, 0.7, 0, 0], [0.1, 0, 0, 0, 0], [0, 0, 0.2, 0, 0], [0, 0, 0, 0, 0.9]]))
     for x, y in ((coo, got), (other + coo, other + got)):
