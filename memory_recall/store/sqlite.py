@@ -569,11 +569,11 @@ class IngestBase:
     """What an ingest event reads of a chat before planning (:meth:`StoreReader.ingest_base`).
 
     ``owners`` = :meth:`StoreReader.get_nodes_by_type` of :data:`OWNER_TYPES`, by id in that order (the caller's
-    own copy: it may add to it). ``runs`` is set when every stored
-    link of the chain agrees with the ``(seq, node_id)`` order of the active message nodes (so relinking around
-    the anchors touches nothing outside the runs): the runs around the anchors, ``chain`` unset. Otherwise
-    ``chain`` is the whole :meth:`StoreReader.message_chain` and ``runs`` unset. ``derived`` is the snapshot of
-    the caller's :class:`OwnerDerived` (``None`` without a factory).
+    own copy: it may add to it). ``runs`` is set when every stored link of the chain agrees with the
+    ``(seq, node_id)`` order of the active message nodes (so relinking around the anchors touches nothing outside
+    the runs): the runs around the anchors, ``chain`` unset. Otherwise ``chain`` is the whole
+    :meth:`StoreReader.message_chain` and ``runs`` unset. ``derived`` is the snapshot of the caller's
+    :class:`OwnerDerived` (``None`` without a factory).
     """
 
     owners: dict[str, Node]
