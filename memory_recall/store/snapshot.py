@@ -1749,6 +1749,11 @@ def _positions(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
     out = np.full(query.size, -1, dtype=np.int64)
     if not keys.size or not query.size:
         return out
+    if bool(np.all(keys[1:] > keys[:-1])):  # rowids in insertion order, as a chat's usually are: no sort
+        at = np.minimum(np.searchsorted(keys, query), keys.size - 1)
+        found = keys[at] == query
+        out[found] = at[found]
+        return out
     order = np.argsort(keys, kind="stable")
     sk = keys[order]
     at = np.clip(np.searchsorted(sk, query), 0, sk.size - 1)

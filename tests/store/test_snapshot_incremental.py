@@ -602,6 +602,17 @@ def test_inserted_equals_numpy_insert(
             snapshot_module.inserted(arr, [0, wrong], vals[:1].repeat(2))
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.integers(0, 60), max_size=25), st.lists(st.integers(-5, 70), max_size=20), st.booleans())
+def test_positions_finds_each_key_sorted_or_not(keys: set[int], query: list[int], ascending: bool) -> None:
+    """:func:`_positions`: each query value's position in the keys, −1 when absent, whether the keys are ascending
+    (rowids in insertion order: searched as they are) or not (sorted first)."""
+    arr = np.asarray(sorted(keys) if ascending else list(keys)[::-1], dtype=np.int64)
+    where = {int(k): i for i, k in enumerate(arr.tolist())}
+    got = snapshot_module._positions(arr, np.asarray(query, dtype=np.int64))
+    assert got.dtype == np.int64 and got.tolist() == [where.get(q, -1) for q in query]
+
+
 def test_the_first_append_after_a_read_writes_into_the_spare_rows(world: _World) -> None:
     """The store reads a chat's vectors into a matrix with spare rows after it, so the first new message after a
     build does not copy the matrix (at 100k nodes that copy was half a second): the new rows go into the spare
