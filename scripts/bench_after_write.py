@@ -6,7 +6,8 @@ so no embedding is timed. Warm: recalls on the cached snapshot. After a write: o
 (``ingest_messages``, no embedding) and, as every chat event of the controller ends
 (:meth:`RecallController.refresh`), the cached snapshot, the pipeline's per-structure values and the BM25 index
 brought up to date (``refresh_ms``; ``event_ms`` = ingest + refresh, what the event's caller waits for); then the
-recall (the cache's ``get`` and the pipeline). ``--no-refresh`` leaves all of that to the recall, as before events
+recall (the cache's ``get`` and the pipeline); ``refresh_parts_ms`` splits the refresh into the snapshot's delta,
+the derived values and the BM25 delta. ``--no-refresh`` leaves all of that to the recall, as before events
 refreshed (``snapshot_ms`` is then the ``get``).
 
 With ``--fill-vectors``, after each of those recalls the turn's new nodes get their vectors, as the background
@@ -132,6 +133,7 @@ def bench_size(
             fill_refresh: list[float] = []
             shared: list[bool] = []
             edit_refresh: list[float] = []
+            parts: dict[str, list[float]] = {"snapshot": [], "derived": [], "bm25": []}
             rng = np.random.default_rng(0)
             n_before = cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now).n
             how: Counter[str] = Counter()
@@ -142,9 +144,16 @@ def bench_size(
                 ingest_messages(store, bench.CHAT, [message], now_ms=now)
                 t1, c1 = time.perf_counter(), time.process_time()
                 if refresh:  # what RecallController.refresh does at the end of every chat event
-                    for fresh in cache.refresh(store, bench.CHAT, now_ms=now):
+                    fresh_snaps = cache.refresh(store, bench.CHAT, now_ms=now)
+                    p1 = time.perf_counter()
+                    for fresh in fresh_snaps:
                         prepare_snapshot(fresh)
+                    p2 = time.perf_counter()
                     store.refresh_bm25(bench.CHAT)
+                    p3 = time.perf_counter()
+                    parts["snapshot"].append((p1 - t1) * 1000)
+                    parts["derived"].append((p2 - p1) * 1000)
+                    parts["bm25"].append((p3 - p2) * 1000)
                 t2, c2 = time.perf_counter(), time.process_time()
                 snap = cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now)
                 how[getattr(cache, "last_update", {}).get(bench.CHAT, "rebuild")] += 1
@@ -199,6 +208,8 @@ def bench_size(
         "warm_cpu_ms": _pct(warm_cpu), "after_write_cpu_ms": _pct(total_cpu), "recall_cpu_ms": _pct(recall_cpu),
         "ingest_cpu_ms": _pct(ingest_cpu), "refresh_cpu_ms" if refresh else "snapshot_cpu_ms": _pct(update_cpu),
         "event_cpu_ms": _pct([a + b for a, b in zip(ingest_cpu, update_cpu, strict=True)]) if refresh else None,
+        # The refresh's three parts: the snapshot's delta, the stages' derived values, the BM25 index's delta.
+        "refresh_parts_ms": {k: _pct(v) for k, v in parts.items()} if refresh else None,
         "cpu_ratio": round(float(np.median(total_cpu)) / float(np.median(warm_cpu)), 2),
         "recall_cpu_ratio": round(float(np.median(recall_cpu)) / float(np.median(warm_cpu)), 2),
         "snapshot_how": dict(how),
