@@ -58,7 +58,7 @@ from memory_recall.pipeline.kernels.diffusion import Adjacency, propagate, rank
 from memory_recall.pipeline.kind_weights import MESSAGE_TYPE_CODE
 from memory_recall.pipeline.state import QueryPlan, RecallState, StageResult, StageTrace, timed
 from memory_recall.settings import AnchorSettings, DiffusionSettings
-from memory_recall.store.csr import rows_of
+from memory_recall.store.csr import assembled, rows_of
 from memory_recall.store.snapshot import GraphSnapshot
 
 if TYPE_CHECKING:
@@ -319,9 +319,7 @@ def _temporal_matrix(r: np.ndarray, c: np.ndarray, k: int, n: int, strength: flo
     index = np.int32 if max(n, r.size) <= np.iinfo(np.int32).max else np.int64
     indptr = np.zeros(k + 1, dtype=index)
     np.cumsum(np.bincount(r, minlength=k), out=indptr[1:])
-    out = sp.csr_array((k, n), dtype=np.float64)
-    out.data, out.indices, out.indptr = np.full(r.size, min(1.0, strength)), c[order].astype(index), indptr
-    return out
+    return assembled(sp.csr_array, (k, n), np.full(r.size, min(1.0, strength)), c[order].astype(index), indptr)
 
 
 def _scaled(m: sp.csr_array, left: np.ndarray, right: np.ndarray) -> sp.csr_array | None:
@@ -344,13 +342,11 @@ def _scaled(m: sp.csr_array, left: np.ndarray, right: np.ndarray) -> sp.csr_arra
     data = row_factor * m.data[:nnz] * col_factor
     # The products drop a zero entry, and a row or column whose factor is zero as a whole.
     keep = (data != 0) & (row_factor != 0) & (col_factor != 0)
-    out = sp.csr_array(m.shape, dtype=data.dtype)
     if bool(keep.all()):
-        out.data, out.indices, out.indptr = data, indices[:nnz].copy(), indptr.copy()
+        out = assembled(sp.csr_array, m.shape, data, indices[:nnz].copy(), indptr.copy())
     else:
         kept = np.concatenate(([0], np.cumsum(keep, dtype=np.int64)))
-        out.data, out.indices = data[keep], indices[:nnz][keep]
-        out.indptr = kept[indptr].astype(indptr.dtype)
+        out = assembled(sp.csr_array, m.shape, data[keep], indices[:nnz][keep], kept[indptr].astype(indptr.dtype))
     out.has_canonical_format = True
     return out
 
@@ -460,9 +456,7 @@ def _spliced(old: sp.csr_array, rows: np.ndarray, sub: sp.csr_array, n: int) -> 
     data, indices, indptr = parts
     if indices.dtype != dtype or indptr.dtype != dtype or data.dtype != old.data.dtype:
         return None
-    # The arrays are set on an empty matrix: the constructor would scan all the indices again to pick their dtype.
-    out = sp.csr_array((n, n), dtype=data.dtype)
-    out.data, out.indices, out.indptr = data, indices, indptr
+    out = assembled(sp.csr_array, (n, n), data, indices, indptr)
     out.has_canonical_format = True  # every row is canonical, from one canonical matrix or the other
     return out
 

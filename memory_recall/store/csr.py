@@ -12,14 +12,16 @@ from typing import TypeVar
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["rows_of", "stacked"]
+__all__ = ["assembled", "rows_of", "stacked"]
 
 M = TypeVar("M", sp.csr_matrix, sp.csr_array)
 
 
-def _assembled(like: M, shape: tuple[int, int], data: np.ndarray, indices: np.ndarray, indptr: np.ndarray) -> M:
-    # Set on an empty matrix (no format flags cached yet): the constructor would scan the indices to pick a dtype.
-    out = type(like)(shape, dtype=data.dtype)
+def assembled(cls: type[M], shape: tuple[int, int], data: np.ndarray, indices: np.ndarray, indptr: np.ndarray) -> M:
+    """A ``cls`` matrix holding exactly these arrays (their dtypes kept, nothing checked or copied): the caller
+    vouches for them. Set on an empty matrix (no format flags cached yet): the constructor would scan the indices
+    to pick a dtype."""
+    out = cls(shape, dtype=data.dtype)
     out.data, out.indices, out.indptr = data, indices, indptr
     return out
 
@@ -33,7 +35,7 @@ def rows_of(mat: M, rows: np.ndarray) -> M:
     out_ptr = np.zeros(rows.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=out_ptr[1:])
     at = np.repeat(starts.astype(np.int64) - out_ptr[:-1], lengths) + np.arange(int(out_ptr[-1]), dtype=np.int64)
-    return _assembled(mat, (rows.size, mat.shape[1]), mat.data[at], mat.indices[at], out_ptr.astype(indptr.dtype))
+    return assembled(type(mat), (rows.size, mat.shape[1]), mat.data[at], mat.indices[at], out_ptr.astype(indptr.dtype))
 
 
 def stacked(top: M, bottom: M, columns: int) -> M:
@@ -47,4 +49,4 @@ def stacked(top: M, bottom: M, columns: int) -> M:
     data = np.concatenate([top.data[:nnz], bottom.data[: int(bottom.indptr[-1])]])
     indices = np.concatenate([top.indices[:nnz], bottom.indices[: int(bottom.indptr[-1])]]).astype(dtype, copy=False)
     indptr = np.concatenate([top.indptr, bottom.indptr[1:] + nnz]).astype(dtype, copy=False)
-    return _assembled(top, (top.shape[0] + bottom.shape[0], columns), data, indices, indptr)
+    return assembled(type(top), (top.shape[0] + bottom.shape[0], columns), data, indices, indptr)
