@@ -73,12 +73,13 @@ def test_bench_after_write_times_the_event_in_wall_and_cpu_time(tmp_path: Path) 
     for kind in ("", "_cpu"):
         event, ingest, refresh = (r[f"{part}{kind}_ms"] for part in ("event", "ingest", "refresh"))
         assert event["p50"] > max(ingest["p50"], refresh["p50"]) and event["p95"] > max(ingest["p95"], refresh["p95"])
-    # The refresh's parts, turn by turn, add up to no more than the refresh (the gaps between them are not timed).
+    # The refresh's parts: each part of a turn lies within that turn's refresh, so each percentile of a part lies
+    # at or below the refresh's (a percentile is monotone in the samples).
     parts = r["refresh_parts_ms"]
     assert sorted(parts) == ["bm25", "derived", "snapshot"]
     for part in parts.values():
         _check_pct(part)
-    assert sum(part["p50"] for part in parts.values()) <= r["refresh_ms"]["p95"]
+        assert part["p50"] <= r["refresh_ms"]["p50"] and part["p95"] <= r["refresh_ms"]["p95"]
     # Every turn's recall found the snapshot the event's refresh had brought up to date (without the refresh the
     # recall's own get applies the delta).
     assert r["snapshot_how"] == {"cached": 5}
