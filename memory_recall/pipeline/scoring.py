@@ -584,10 +584,11 @@ def _field_table(snapshot: GraphSnapshot) -> PackedFieldTable:
     fields on every call (tested); only the normalisation work is saved.
     """
     def update(previous: PackedFieldTable, change: StructureChange) -> PackedFieldTable | None:
-        # The nodes a delta kept and did not rewrite have the same fields: their packed rows are shared (no copy,
-        # no scan of the graph's nodes in Python: O(packed slots) in numpy).
+        # The nodes a delta kept with the same fields (not rewritten, or rewritten with their fields unchanged, as
+        # a chat turn rewrites the previous message's link) keep their packed rows, shared: no copy, no scan of the
+        # graph's nodes in Python (O(packed slots) in numpy), and no dead slot per turn held until a compaction.
         try:
-            return previous.remapped(snapshot.n, change.remap, change.rewritten)
+            return previous.remapped(snapshot.n, change.remap, change.fields_changed)
         except ValueError:  # a table of another graph size than the delta's parent: build
             return None
 

@@ -55,6 +55,7 @@ from memory_recall.model.state import (
     SummaryState,
     TimelineState,
 )
+from memory_recall.store.node_fields import same_fields
 
 __all__ = [
     "PACKED_EDGE",
@@ -1233,7 +1234,12 @@ class StructureChange:
     For an ``appended_only`` change also: ``changed_columns``, the per-node arrays of the snapshot (``type_code``,
     ``seq``, ``created_time``, …) whose value changed at some rewritten node, and ``relinked``, the kept nodes
     whose ``prev_index`` or ``next_index`` changed (rewritten, or an old link that names a new node resolving now),
-    ascending. Any other change leaves them ``None``: nothing is known about the kept rows then."""
+    ascending. Any other change leaves them ``None``: nothing is known about the kept rows then.
+
+    ``refielded``: the positions of ``rewritten`` whose ``fields`` changed (:func:`~memory_recall.store.node_fields.
+    same_fields` of the old and new JSON text), ascending; a value made of a node's fields alone stands for the
+    other rewritten nodes (a chat turn rewrites the previous message and the owners it names, not their text).
+    ``None`` when not known: every rewritten node then counts as changed."""
 
     n_old: int
     n_new: int
@@ -1245,6 +1251,13 @@ class StructureChange:
     appended_only: bool = False
     changed_columns: frozenset[str] | None = None
     relinked: np.ndarray | None = None
+    refielded: np.ndarray | None = None
+
+    @property
+    def fields_changed(self) -> np.ndarray:
+        """The new positions whose ``fields`` may differ from the parent's: :attr:`refielded` when known, else
+        :attr:`rewritten`."""
+        return self.rewritten if self.refielded is None else self.refielded
 
     def carried(self) -> tuple[np.ndarray, np.ndarray]:
         """``(old, new)`` positions of the nodes whose rows are unchanged (kept and not rewritten)."""
@@ -1906,9 +1919,14 @@ def _merged(
         np.arange(n_old, dtype=np.int64) if take is None else take, np.full(add_k.size, -1, np.int64)
     ])
     extra: dict[int, bytes] = {}
+    refielded: list[int] = []
     for k, p in zip(upd_list, pos_list, strict=True):
         node_take[p] = -1
-        extra[p] = delta.node_blobs[k]
+        blob = delta.node_blobs[k]
+        extra[p] = blob
+        old_blob = texts._blobs[int(at[k])]
+        if old_blob != blob and not same_fields(decompress_text(old_blob), decompress_text(blob)):
+            refielded.append(p)
     for j, k in enumerate(add_list):
         extra[kept_n + j] = delta.node_blobs[k]
     node_json = PackedTexts(_spliced(texts._blobs, node_take, extra))
@@ -2061,6 +2079,7 @@ def _merged(
         state_changed=delta.state is not None,
         edges_changed=bool(delta.edge_rowids.size or delta.deleted_edges.size or now_ms >= snap.valid_until_ms),
         appended_only=appended_only, changed_columns=changed_columns, relinked=relinked,
+        refielded=np.array(sorted(refielded), dtype=np.int64),
     )
     snap.structure.release_parent()  # its caches were updated from the parent's already, or never will be
     new = dataclasses.replace(

@@ -89,6 +89,7 @@ from memory_recall.model.state import (
     TimelineState,
 )
 from memory_recall.store.bm25_index import Bm25Cache, Bm25Index, cache_for
+from memory_recall.store.node_fields import same_fields
 from memory_recall.store.snapshot import (
     PACKED_EDGE,
     PACKED_EDGE_DTYPE,
@@ -842,30 +843,6 @@ def fts_columns(node: Node) -> tuple[str, str, str]:
         for text in _strings(value):
             bucket.extend(index_terms(text))
     return " ".join(cols[0]), " ".join(cols[1]), " ".join(cols[2])
-
-
-_JSON_DECODER = json.JSONDecoder()
-
-
-def _fields_json(text: str) -> str | None:
-    """The ``"fields":{...}`` span of a node's JSON text (:func:`_dumps`), ``None`` when it cannot be found. The
-    first ``"fields":`` is the top-level key: only ``id`` and ``type`` come before it, and inside a JSON string
-    the quotes are escaped."""
-    at = text.find('"fields":')
-    if at < 0:
-        return None
-    try:
-        _, end = _JSON_DECODER.raw_decode(text, at + len('"fields":'))
-    except ValueError:
-        return None
-    return text[at:end]
-
-
-def _same_fields(old_json: str, new_json: str) -> bool:
-    """Whether two node JSON texts hold the same ``fields`` in the same order at every depth (what
-    :func:`fts_columns` reads, in its order): their JSON text, from the one serializer, is the same."""
-    old, new = _fields_json(old_json), _fields_json(new_json)
-    return old is not None and old == new
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -1748,7 +1725,7 @@ class StoreWriter(StoreReader):
                  ix.to_packed(), ix.strings_json(), compress_text(text), self._version)
             )
             old = stored.get(node.id)
-            if old is not None and old[0] == int(node.archived) and _same_fields(old[1], text):
+            if old is not None and old[0] == int(node.archived) and same_fields(old[1], text):
                 continue
             touched.append(node.id)
             if not node.archived:

@@ -1421,6 +1421,43 @@ class TestAfterAppend:
                 np.arange(first.n), sources, functools.partial(scoring._prepared_node, first))
             assert again.tobytes() == base.tobytes()
 
+    def test_field_table_keeps_the_rows_of_a_rewrite_with_the_same_fields(self, tmp_path: Path) -> None:
+        """A node rewritten with its fields unchanged (here a new region) keeps its packed row, in place; the node
+        whose title changed is packed again; the scores equal a fresh build's bit for bit."""
+        with _aw_store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            first = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            sources = prepare_sources(["the dragon by the river", "lantern scene 1", "harbor", "river gate"])
+            table = scoring._field_table(first)
+            table.scores(np.arange(first.n), sources, functools.partial(scoring._prepared_node, first))
+            moved, retitled = store.get_node(_AW_CHAT, "n003"), store.get_node(_AW_CHAT, "n004")
+            assert moved is not None and retitled is not None
+            with store.write(_AW_CHAT) as w:
+                w.upsert_nodes([
+                    moved.model_copy(update={"scope": MemoryScope(region_primary="Somewhere New")}),
+                    retitled.model_copy(update={"fields": {**retitled.fields, "title": "river gate"}}),
+                ])
+            snap = cache.get(store, _AW_CHAT, _AW_MODEL, now_ms=_AW_NOW)
+            change = snap.structure.change
+            assert change is not None and snap.structure.parent is first.structure
+            i3, i4 = snap.index["n003"], snap.index["n004"]
+            assert change.rewritten.tolist() == sorted([i3, i4])
+            assert change.refielded is not None and change.refielded.tolist() == [i4]
+            carried = scoring._field_table(snap)
+            assert carried._slot[i3] == table._slot[first.index["n003"]]  # the same packed row
+            assert carried.field_texts(i3) == table.field_texts(first.index["n003"])
+            assert carried.field_texts(i4) is None  # packed again on first use
+            assert carried._dead == 1
+            keys = np.arange(snap.n)
+            got = carried.scores(keys, sources, functools.partial(scoring._prepared_node, snap))
+            fresh = _aw_fresh(store)
+            want = scoring._field_table(fresh).scores(keys, sources, functools.partial(scoring._prepared_node, fresh))
+            assert got.tobytes() == want.tobytes()
+            prepared = scoring._prepared_node(fresh, i4)
+            assert prepared is not None and carried.field_texts(i4) == tuple(f.text for f in prepared.fields)
+            assert any("river gate" in f.text for f in prepared.fields)
+            assert carried.field_texts(i4) != table.field_texts(first.index["n004"])
+
     def test_scene_codes_carried_with_the_vocabulary(self, tmp_path: Path) -> None:
         with _aw_store(tmp_path / "s.sqlite3") as store:
             cache = SnapshotCache()

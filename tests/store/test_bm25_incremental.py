@@ -4,7 +4,6 @@ through the store, a write's touched rows bring the cached index up to date with
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 from pathlib import Path
@@ -372,20 +371,6 @@ class TestThroughTheStore:
             assert _fts_rows(store) == _fts_rows(fresh)
         assert _fts_rows(store) == [("a", "dragon lair", "", "cave"), ("b", "stone gate", "runs", "")]
         assert [store.bm25(CHAT, t, 1000) for t in STORE_QUERIES] == _store_fresh(store, "none")
-
-    def test_the_fields_span_is_the_top_level_one(self) -> None:
-        """The ``fields`` compared are the node's own, whatever its values hold: a nested ``fields`` key, a value
-        quoting ``"fields":``; another value or order compares unequal."""
-        from memory_recall.store.sqlite import _dumps, _fields_json, _same_fields
-
-        tricky = node("t", title='say "fields": {}', extra={"fields": [1, 2]})
-        text = _dumps(tricky, "node")
-        assert _fields_json(text) == '"fields":' + json.dumps(tricky.fields, ensure_ascii=False, separators=(",", ":"))
-        moved = _dumps(tricky.model_copy(update={"seq": 9, "next_id": "u"}), "node")
-        assert _same_fields(text, moved)
-        assert not _same_fields(text, _dumps(node("t", extra={"fields": [1, 2]}, title='say "fields": {}'), "node"))
-        assert not _same_fields(text, _dumps(node("t", title='say "fields": {}', extra={"fields": [2, 1]}), "node"))
-        assert not _same_fields("{}", "{}")  # no fields to compare: written again
 
     def test_two_writes_between_queries_and_a_reinforcement(self, store: Store) -> None:
         store.upsert_nodes(CHAT, [node("a", title="dragon lair"), node("b", title="cave")])

@@ -22,7 +22,7 @@ from mapped_buffers import mapping_of
 from snapshot_equality import exactly_equal
 
 from memory_recall import bench, heap
-from memory_recall.model.graph import Edge, Node
+from memory_recall.model.graph import Edge, MemoryScope, Node
 from memory_recall.model.state import KnowledgeOwner, KnowledgeState
 from memory_recall.pipeline import _graph_cache, anchors, owners, scoring
 from memory_recall.pipeline.result import json_dumps
@@ -46,8 +46,8 @@ DIM = bench.DIM
 SETTINGS = RecallSettings(profile="app")
 #: The default profile too: its stages read per-structure values the app profile does not (turn context, time cues).
 PROFILES = (SETTINGS, load_settings(profile="default"))
-OPS = ("message", "turn", "turn", "edit", "archive", "delete", "edge", "edge-edit", "edge-delete", "reinforce",
-       "reinforce-carry", "vector", "vector-delete", "knowledge", "empty", "time")
+OPS = ("message", "turn", "turn", "edit", "rescope", "archive", "delete", "edge", "edge-edit", "edge-delete",
+       "reinforce", "reinforce-carry", "vector", "vector-delete", "knowledge", "empty", "time")
 
 
 def _vector(rng: np.random.Generator) -> np.ndarray:
@@ -246,6 +246,13 @@ class _World:
                 if last is not None and not named:
                     w.upsert_nodes([last.model_copy(update={"next_id": node.id})])
                 w.upsert_nodes([node])
+            return "delta"
+        if op == "rescope":  # rewritten with the same fields: caches made of the fields alone keep the node's values
+            old = self.store.get_node(CHAT, pick)
+            assert old is not None
+            with self.store.write(CHAT) as w:
+                w.upsert_nodes([old.model_copy(update={"scope": MemoryScope(region_primary=f"Region {seed % 4}"),
+                                                       "importance": float(rng.integers(1, 10))})])
             return "delta"
         if op in ("edit", "archive"):
             old = self.store.get_node(CHAT, pick)
@@ -477,11 +484,14 @@ def test_a_new_message_updates_the_caches_from_the_parent(world: _World) -> None
     assert new.n == snap.n + 2 and new.embeddings.base is not None
     arrays = scoring._snapshot_arrays(new)
     rewritten = set(new.structure.change.rewritten.tolist())
+    changed = set(new.structure.change.fields_changed.tolist())
+    assert changed <= rewritten
     assert arrays.labels == {i: v for i, v in old_arrays.labels.items() if i not in rewritten}
-    # The lexical field table carries the packed rows of the kept, not rewritten nodes (as prepared afresh).
+    # The lexical field table carries the packed rows of every kept node whose fields are unchanged (as prepared
+    # afresh), rewritten or not.
     old_table = scoring._field_table(snap)
     table = scoring._field_table(new)
-    assert len(old_table) and table.keys() == [k for k in old_table.keys() if k not in rewritten]
+    assert len(old_table) and table.keys() == [k for k in old_table.keys() if k not in changed]
     for k in table.keys():
         prepared = scoring._prepared_node(fresh, k)
         assert table.field_texts(k) == (() if prepared is None else tuple(f.text for f in prepared.fields))
