@@ -25,6 +25,13 @@ the cache got its snapshots; the load average; and per pipeline stage, its p50 i
 its warm p50 (``stage_extra_ms``, where they differ by 0.1 ms or more: the work the after-write recall still does
 that the warm one does not).
 
+``paired_warm_ms``, ``paired_turns_ms`` (each turn's pair) and ``paired_ratio``: right after each after-write
+recall, the same query runs again on the same snapshot (a warm recall: the first one derived what it needed);
+``paired_ratio`` is the median over the turns of (recall after the event / that warm recall), and
+``paired_cpu_ratio`` the same in CPU time. Each pair is taken within milliseconds, so the machine's drift and the
+chat's growth over the turns cancel out of it, which they do not from ``recall_ratio``, whose warm recalls all run
+before the first turn.
+
     python scripts/bench_after_write.py --sizes 10000,100000 --turns 15 --store-dir bench-stores
 """
 
@@ -134,6 +141,8 @@ def bench_size(
             shared: list[bool] = []
             edit_refresh: list[float] = []
             parts: dict[str, list[float]] = {"snapshot": [], "derived": [], "bm25": []}
+            paired: list[tuple[float, float]] = []  # (recall after the event, the same recall warm), per turn
+            paired_cpu: list[tuple[float, float]] = []
             rng = np.random.default_rng(0)
             n_before = cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now).n
             how: Counter[str] = Counter()
@@ -159,6 +168,9 @@ def bench_size(
                 how[getattr(cache, "last_update", {}).get(bench.CHAT, "rebuild")] += 1
                 run(snap, j, after_stages)
                 t3, c3 = time.perf_counter(), time.process_time()
+                run(snap, j, [])  # the same recall again, warm: the pair's other half
+                paired.append(((t3 - t2) * 1000, (time.perf_counter() - t3) * 1000))
+                paired_cpu.append(((c3 - c2) * 1000, (time.process_time() - c3) * 1000))
                 if fill_vectors:  # the background embedding of the turn's new nodes, then what applies it
                     new_rows = np.flatnonzero(~snap.has_vector[n_before:]) + n_before
                     vectors = rng.standard_normal((new_rows.size, snap.dim)).astype(np.float32)
@@ -210,6 +222,10 @@ def bench_size(
         "event_cpu_ms": _pct([a + b for a, b in zip(ingest_cpu, update_cpu, strict=True)]) if refresh else None,
         # The refresh's three parts: the snapshot's delta, the stages' derived values, the BM25 index's delta.
         "refresh_parts_ms": {k: _pct(v) for k, v in parts.items()} if refresh else None,
+        "paired_warm_ms": _pct([w for _, w in paired]),
+        "paired_turns_ms": [[round(a, 3), round(w, 3)] for a, w in paired],
+        "paired_ratio": round(float(np.median([a / w for a, w in paired])), 2),
+        "paired_cpu_ratio": round(float(np.median([a / w for a, w in paired_cpu])), 2),
         "cpu_ratio": round(float(np.median(total_cpu)) / float(np.median(warm_cpu)), 2),
         "recall_cpu_ratio": round(float(np.median(recall_cpu)) / float(np.median(warm_cpu)), 2),
         "snapshot_how": dict(how),

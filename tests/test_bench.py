@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from reliability.rel_crash_helpers import load_script  # tests/ is on sys.path (no __init__.py)
 
@@ -83,3 +84,11 @@ def test_bench_after_write_times_the_event_in_wall_and_cpu_time(tmp_path: Path) 
     # Every turn's recall found the snapshot the event's refresh had brought up to date (without the refresh the
     # recall's own get applies the delta).
     assert r["snapshot_how"] == {"cached": 5}
+    # Each turn's after-write recall is paired with the same recall run again right after it, warm.
+    _check_pct(r["paired_warm_ms"])
+    pairs = np.array(r["paired_turns_ms"])
+    assert pairs.shape == (5, 2) and (pairs > 0).all()
+    assert float(np.percentile(pairs[:, 0], 50)) == pytest.approx(r["recall_ms"]["p50"], abs=0.01)
+    assert float(np.percentile(pairs[:, 1], 50)) == pytest.approx(r["paired_warm_ms"]["p50"], abs=0.01)
+    assert float(np.median(pairs[:, 0] / pairs[:, 1])) == pytest.approx(r["paired_ratio"], abs=0.011)
+    assert r["paired_cpu_ratio"] > 0
