@@ -1237,9 +1237,9 @@ class StructureChange:
     ascending. Any other change leaves them ``None``: nothing is known about the kept rows then.
 
     ``refielded``: the positions of ``rewritten`` whose ``fields`` changed (:func:`~memory_recall.store.node_fields.
-    same_fields` of the old and new JSON text), ascending; a value made of a node's fields alone stands for the
-    other rewritten nodes (a chat turn rewrites the previous message and the owners it names, not their text).
-    ``None`` when not known: every rewritten node then counts as changed."""
+    same_fields` of the old and new JSON text), ascending. A value made of a node's fields alone stays valid for
+    the other rewritten nodes (a chat turn rewrites the previous message and the owners it names, not their
+    text). ``None`` when not known: every rewritten node then counts as changed."""
 
     n_old: int
     n_new: int
