@@ -25,12 +25,12 @@ the cache got its snapshots; the load average; and per pipeline stage, its p50 i
 its warm p50 (``stage_extra_ms``, where they differ by 0.1 ms or more: the work the after-write recall still does
 that the warm one does not).
 
-``paired_warm_ms``, ``paired_turns_ms`` (each turn's pair) and ``paired_ratio``: right after each after-write
-recall, the same query runs again on the same snapshot (a warm recall: the first one derived what it needed);
-``paired_ratio`` is the median over the turns of (recall after the event / that warm recall), and
-``paired_cpu_ratio`` the same in CPU time. Each pair is taken within milliseconds, so the machine's drift and the
-chat's growth over the turns cancel out of it, which they do not from ``recall_ratio``, whose warm recalls all run
-before the first turn.
+``paired_warm_ms``, ``paired_turns_ms`` (each turn's pair; ``paired_turns_cpu_ms`` in CPU time) and
+``paired_ratio``: right after each after-write recall, the same query runs again on the same snapshot (a warm
+recall: the first one derived what it needed); ``paired_ratio`` is the median over the turns of (recall after the
+event / that warm recall), and ``paired_cpu_ratio`` the same in CPU time. Each pair is taken within milliseconds,
+so the machine's drift and the chat's growth over the turns cancel out of it, which they do not from
+``recall_ratio``, whose warm recalls all run before the first turn.
 
     python scripts/bench_after_write.py --sizes 10000,100000 --turns 15 --store-dir bench-stores
 """
@@ -224,6 +224,7 @@ def bench_size(
         "refresh_parts_ms": {k: _pct(v) for k, v in parts.items()} if refresh else None,
         "paired_warm_ms": _pct([w for _, w in paired]),
         "paired_turns_ms": [[round(a, 3), round(w, 3)] for a, w in paired],
+        "paired_turns_cpu_ms": [[round(a, 3), round(w, 3)] for a, w in paired_cpu],
         "paired_ratio": round(float(np.median([a / w for a, w in paired])), 2),
         "paired_cpu_ratio": round(float(np.median([a / w for a, w in paired_cpu])), 2),
         "cpu_ratio": round(float(np.median(total_cpu)) / float(np.median(warm_cpu)), 2),

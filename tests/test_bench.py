@@ -91,4 +91,6 @@ def test_bench_after_write_times_the_event_in_wall_and_cpu_time(tmp_path: Path) 
     assert float(np.percentile(pairs[:, 0], 50)) == pytest.approx(r["recall_ms"]["p50"], abs=0.01)
     assert float(np.percentile(pairs[:, 1], 50)) == pytest.approx(r["paired_warm_ms"]["p50"], abs=0.01)
     assert float(np.median(pairs[:, 0] / pairs[:, 1])) == pytest.approx(r["paired_ratio"], abs=0.011)
-    assert r["paired_cpu_ratio"] > 0
+    cpu = np.array(r["paired_turns_cpu_ms"])
+    assert cpu.shape == (5, 2) and (cpu > 0).all()
+    assert float(np.median(cpu[:, 0] / cpu[:, 1])) == pytest.approx(r["paired_cpu_ratio"], abs=0.011)
