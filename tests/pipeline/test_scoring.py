@@ -1455,7 +1455,9 @@ class TestAfterAppend:
             assert got.tobytes() == want.tobytes()
             prepared = scoring._prepared_node(fresh, i4)
             assert prepared is not None and carried.field_texts(i4) == tuple(f.text for f in prepared.fields)
-            assert carried.field_texts(i4) == ("name0", "river gate", "the dragon by the lantern")  # the fixture's
+            # The fixture's name, new title and summary, lower-cased, then all three joined (prepare_node's fields).
+            assert carried.field_texts(i4) == (
+                "name0", "river gate", "the dragon by the lantern", "name0 river gate the dragon by the lantern")
             assert carried.field_texts(i4) != table.field_texts(first.index["n004"])
 
     def test_scene_codes_carried_with_the_vocabulary(self, tmp_path: Path) -> None:
