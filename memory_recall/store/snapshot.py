@@ -1762,16 +1762,12 @@ def _positions(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
     out = np.full(query.size, -1, dtype=np.int64)
     if not keys.size or not query.size:
         return out
-    if bool(np.all(keys[1:] > keys[:-1])):  # rowids in insertion order, as a chat's usually are: no sort
-        at = np.minimum(np.searchsorted(keys, query), keys.size - 1)
-        found = keys[at] == query
-        out[found] = at[found]
-        return out
-    order = np.argsort(keys, kind="stable")
-    sk = keys[order]
-    at = np.clip(np.searchsorted(sk, query), 0, sk.size - 1)
+    # Rowids in insertion order, as a chat's usually are, are searched as they are: no sort.
+    order = None if bool(np.all(keys[1:] > keys[:-1])) else np.argsort(keys, kind="stable")
+    sk = keys if order is None else keys[order]
+    at = np.minimum(np.searchsorted(sk, query), sk.size - 1)
     found = sk[at] == query
-    out[found] = order[at[found]]
+    out[found] = at[found] if order is None else order[at[found]]
     return out
 
 
