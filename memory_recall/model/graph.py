@@ -190,24 +190,24 @@ def split_region_tokens(value: Any) -> list[str]:
     objects contribute their name/title/label/value/text, lists are flattened; trimmed, deduped
     case-insensitively in first-occurrence order."""
     raw: list[str] = []
-
-    def collect(item: Any) -> None:
+    # Depth first, left to right, with a stack of its own: a nested function calling itself would make a reference
+    # cycle per call, which only the cyclic garbage collector frees (every node parse builds a scope).
+    stack = [value]
+    while stack:
+        item = stack.pop()
         if item is None:
-            return
+            continue
         if isinstance(item, list | tuple):
-            for sub in item:
-                collect(sub)
-            return
+            stack.extend(reversed(item))
+            continue
         if isinstance(item, dict):
             for key in _REGION_OBJECT_KEYS:
                 if isinstance(item.get(key), str) and item[key].strip():
-                    collect(item[key])
-                    return
-            return
+                    stack.append(item[key])
+                    break
+            continue
         text = _REGION_ARROWS.sub("/", str(item))
         raw.extend(_REGION_SPLIT.split(text))
-
-    collect(value)
     seen: set[str] = set()
     out: list[str] = []
     for token in raw:

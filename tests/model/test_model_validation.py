@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 from typing import Any
 
@@ -40,6 +41,28 @@ class TestMemoryScope:
     def test_arrows_objects_and_case_insensitive_dedupe(self) -> None:
         assert split_region_tokens("王都 → 钟楼 > 顶层") == ["王都", "钟楼", "顶层"]
         assert split_region_tokens([{"name": "Harbor"}, "harbor", {"label": "Pier"}, None]) == ["Harbor", "Pier"]
+
+    def test_nested_lists_flatten_in_order_at_any_depth(self) -> None:
+        value = [("Harbor, Pier", [{"title": "Market"}, ["Docks"]]), {"name": " "}, {"text": "Gate"}, 7]
+        assert split_region_tokens(value) == ["Harbor", "Pier", "Market", "Docks", "Gate", "7"]
+        deep: list[Any] = ["Tower"]
+        for _ in range(5000):  # deeper than Python's recursion limit
+            deep = [deep, "Keep"]
+        assert split_region_tokens(deep) == ["Tower", "Keep"]
+
+    def test_parsing_a_scope_leaves_no_reference_cycle(self) -> None:
+        """Every node parse builds a scope: garbage only the cyclic collector frees would pile up between its
+        passes (under load it was 43,000 objects a second)."""
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(50):
+                split_region_tokens([{"name": "Harbor"}, "王都 → 钟楼", ("a", ["b"])])
+                MemoryScope.model_validate({"layer": "pov", "owner_type": "character", "owner_name": "Erin",
+                                            "region_primary": "王都/钟楼", "region_secondary": ["集市", "下水道"]})
+            assert gc.collect() == 0
+        finally:
+            gc.enable()
 
     def test_owner_fields_only_on_pov(self) -> None:
         objective = MemoryScope(layer="objective", owner_type="character", owner_name="Erin")
