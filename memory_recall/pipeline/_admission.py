@@ -34,9 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask
+from memory_recall.pipeline._graph_cache import active_mask, cached, carry_rows, hidden_mask
 from memory_recall.pipeline.scoring import (
-    carry_rows,
     knowledge_gate,
     persona_row,
     resolve_owner_rows,

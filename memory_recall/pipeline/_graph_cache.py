@@ -44,6 +44,7 @@ __all__ = [
     "active_mask",
     "cached",
     "cached_stats",
+    "carry_rows",
     "changed_rows",
     "cooccurrence_eligible",
     "has_anchor_term_mask",
@@ -233,6 +234,21 @@ def without_rows(memo: dict[int, V], rows: np.ndarray) -> dict[int, V]:
     out = memo.copy()
     for i in rows.tolist():
         out.pop(int(i), None)
+    return out
+
+
+def carry_rows(old: np.ndarray, change: StructureChange, fill: Any) -> np.ndarray:
+    """A per-node array of the parent structure (``old``: (n_old, ...)) moved to the child's positions by
+    ``change``: the value of each node the delta kept and did not rewrite, ``fill`` for the rewritten and new
+    nodes. O(n) in numpy (a copy when the delta only appended: ``remap`` is then the identity), never a Python loop
+    over the nodes; ``old`` is not changed."""
+    out = np.full((change.n_new, *old.shape[1:]), fill, dtype=old.dtype)
+    if change.appended_only:
+        out[: change.n_old] = old[: change.n_old]
+    else:
+        src = np.flatnonzero(np.asarray(change.remap) >= 0)
+        out[change.remap[src]] = old[src]
+    out[change.rewritten] = fill
     return out
 
 

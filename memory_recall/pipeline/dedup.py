@@ -50,8 +50,8 @@ from typing import Any
 import numpy as np
 
 from memory_recall.model.graph import Node
-from memory_recall.pipeline._graph_cache import cached
-from memory_recall.pipeline.scoring import carry_rows, take_rows
+from memory_recall.pipeline._graph_cache import cached, carry_rows
+from memory_recall.pipeline.scoring import take_rows
 from memory_recall.pipeline.state import RecallState, TimedStage
 from memory_recall.settings import DiversitySettings, SelectionSettings
 from memory_recall.store.snapshot import TYPE_CODE, GraphSnapshot, StructureChange

@@ -91,7 +91,7 @@ import numpy as np
 
 from memory_recall.heap import memory_owner
 from memory_recall.model.graph import PRIMARY_LEXICAL_FIELDS, SECONDARY_LEXICAL_FIELDS, Node
-from memory_recall.pipeline._graph_cache import active_mask, cached, hidden_mask, without_rows
+from memory_recall.pipeline._graph_cache import active_mask, cached, carry_rows, hidden_mask, without_rows
 from memory_recall.pipeline.kernels.lexical import PackedFieldTable, PreparedNode, prepare_node, prepare_sources
 from memory_recall.pipeline.kind_weights import (
     MESSAGE_TYPE_CODE,
@@ -136,7 +136,6 @@ __all__ = [
     "ScoringStage",
     "TemporalResult",
     "bucket_weights",
-    "carry_rows",
     "explain_row",
     "knowledge_gate",
     "node_label",
@@ -502,22 +501,6 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
 
     value, _ = cached(snapshot, ("scoring-arrays",), build, update, recipe=_snapshot_arrays)
     return value
-
-
-
-def carry_rows(old: np.ndarray, change: StructureChange, fill: Any) -> np.ndarray:
-    """A per-node array of the parent structure (``old``: (n_old, ...)) moved to the child's positions by
-    ``change``: the value of each node the delta kept and did not rewrite, ``fill`` for the rewritten and new
-    nodes. O(n) in numpy (a copy when the delta only appended: ``remap`` is then the identity), never a Python loop
-    over the nodes; ``old`` is not changed."""
-    out = np.full((change.n_new, *old.shape[1:]), fill, dtype=old.dtype)
-    if change.appended_only:
-        out[: change.n_old] = old[: change.n_old]
-    else:
-        src = np.flatnonzero(np.asarray(change.remap) >= 0)
-        out[change.remap[src]] = old[src]
-    out[change.rewritten] = fill
-    return out
 
 
 def _temporal_parts(

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from memory_recall.pipeline._graph_cache import cached, without_rows
+from memory_recall.pipeline._graph_cache import cached, carry_rows
 from memory_recall.settings import ScoringSettings
 from memory_recall.store.snapshot import GraphSnapshot, StructureChange
 
@@ -49,33 +49,37 @@ def named_in(question: str, speaker: str) -> bool:
     return re.search(pattern, question, re.IGNORECASE) is not None
 
 
-def _carried_speakers(old: dict[int, str], change: StructureChange) -> dict[int, str] | None:
-    """The speaker memo of a structure an appended-only delta derived from ``old``'s: the same positions (the
-    remap is the identity), less the rewritten nodes (their speaker may have changed). ``None`` (start over) for
-    any other change."""
-    return without_rows(old, change.rewritten) if change.appended_only else None
+def _carried_speakers(old: np.ndarray, change: StructureChange) -> np.ndarray:
+    """The speaker memo of a structure a delta derived from ``old``'s: each kept turn's speaker moved to its new
+    position, ``None`` (not read yet) for the rewritten and new nodes (a rewritten turn's speaker may have
+    changed). Any change carries, an edit or a deletion too: O(n) in numpy, no node parsed."""
+    return carry_rows(old, change, None)
 
 
-def _speaker_memo(snapshot: GraphSnapshot) -> dict[int, str]:
-    """Node position → the turn's speaker ("" without one), filled as candidates are read."""
-    memo: dict[int, str]
-    memo, _ = cached(snapshot, ("speaker-cue-speakers",), dict, _carried_speakers, recipe=_speaker_memo)
+def _speaker_memo(snapshot: GraphSnapshot) -> np.ndarray:
+    """(n,) object array: node position → the turn's speaker ("" without one), ``None`` until a recall reads the
+    node (filled as candidates are read)."""
+    memo: np.ndarray
+    memo, _ = cached(snapshot, ("speaker-cue-speakers",), lambda: np.full(snapshot.n, None, dtype=object),
+                     _carried_speakers, recipe=_speaker_memo)
     return memo
 
 
 def _speakers(snapshot: GraphSnapshot, idx: np.ndarray) -> list[str]:
     # The memo keeps the names; the parsed nodes are not kept (a turn's model is ~6 KB, its speaker a short str),
-    # and the memo follows the chat's appends, so a turn's speaker is read once, not once per snapshot version.
+    # and the memo follows the chat's writes, so a turn's speaker is read once, not once per snapshot version.
+    # Racing recalls on one snapshot store equal values: harmless.
     memo = _speaker_memo(snapshot)
-    out = []
-    for i in idx.tolist():
-        name = memo.get(i)
+    names: list[str | None] = memo[idx].tolist()
+    for j, name in enumerate(names):
         if name is None:
-            texts = snapshot.node(i, keep=False).field_text("speaker")
-            name = texts[0] if texts else ""
-            memo[i] = name
-        out.append(name)
-    return out
+            i = int(idx[j])
+            name = memo[i]  # a repeated row read above
+            if name is None:
+                texts = snapshot.node(i, keep=False).field_text("speaker")
+                name = memo[i] = texts[0] if texts else ""
+            names[j] = name
+    return [str(name) for name in names]
 
 
 def speaker_cue_weights(

@@ -94,7 +94,8 @@ def test_the_speaker_memo_follows_the_chats_appends(store: Store) -> None:
     rewritten = change.rewritten.tolist()
     assert rewritten == [child.index["t0"]]
     memo = speaker_cue._speaker_memo(child)
-    assert memo == {i: name for i, name in enumerate(["Caroline", "Melanie", "Caroline"]) if i not in rewritten}
+    assert memo.tolist() == [None if i in rewritten else name
+                             for i, name in enumerate(["Caroline", "Melanie", "Caroline"])] + [None]
     idx = np.arange(child.n)
     w, notes = speaker_cue_weights(child, idx, np.ones(child.n, dtype=bool), question, on)
     fresh = build_snapshot(store.snapshot_source(chat, model), now_ms=now)
@@ -102,3 +103,49 @@ def test_the_speaker_memo_follows_the_chats_appends(store: Store) -> None:
     assert [child.ids[i] for i in idx] == ["t0", "t1", "t2", "t3"]
     assert w.tolist() == want.tolist() == [1.5, 1.5, 1.0, 1.5] and notes == want_notes
     assert dict(child._nodes) == {}
+
+
+def test_the_speaker_memo_follows_an_edit_and_a_deletion(store: Store) -> None:
+    """A delta that is not an append (a turn deleted, so the kept turns move; an edge written) carries the memo
+    too: each kept turn's speaker at its new position, the rewritten turn's unknown, nothing parsed for the kept
+    ones; the weights equal those of a fresh build."""
+    chat, model, now = "cue-edit", "m", 1_700_000_000_000
+    speakers = ["Caroline", "Melanie", "Caroline", "Melanie"]
+    turns = [Node(id=f"t{i}", type="message", seq=i, seq_range=(i, i), prev_id=f"t{i - 1}" if i else None,
+                  fields={"text": f"turn {i}", "speaker": speaker}) for i, speaker in enumerate(speakers)]
+    with store.write(chat) as w:
+        w.upsert_nodes(turns)
+    cache = SnapshotCache()
+    on = settings(scoring={"speaker_cue": True, "speaker_cue_boost": 0.5}).scoring
+    question = "What did Caroline say?"
+    parent = cache.get(store, chat, model, now_ms=now)
+    speaker_cue_weights(parent, np.arange(parent.n), np.ones(parent.n, dtype=bool), question, on)
+    assert speaker_cue._speaker_memo(parent).tolist() == speakers
+    with store.write(chat) as wr:  # t1 deleted; t3 now spoken by Caroline
+        wr.delete_nodes(["t1"])
+        wr.upsert_nodes([turns[3].model_copy(update={"fields": {"text": "turn 3", "speaker": "Caroline"}})])
+    child = cache.get(store, chat, model, now_ms=now)
+    change = child.structure.change
+    assert change is not None and not change.appended_only and child.structure.parent is parent.structure
+    memo = speaker_cue._speaker_memo(child)
+    assert {child.ids[i]: name for i, name in enumerate(memo.tolist())} == {"t0": "Caroline", "t2": "Caroline",
+                                                                           "t3": None}
+    parsed: list[int] = []
+    read = type(child).node
+
+    def counting(self, i: int, *, keep: bool = True):  # type: ignore[no-untyped-def]
+        parsed.append(i)
+        return read(self, i, keep=keep)
+
+    idx = np.arange(child.n)
+    try:
+        type(child).node = counting  # type: ignore[method-assign]
+        w, notes = speaker_cue_weights(child, idx, np.ones(child.n, dtype=bool), question, on)
+    finally:
+        type(child).node = read  # type: ignore[method-assign]
+    assert parsed == [child.index["t3"]]
+    fresh = build_snapshot(store.snapshot_source(chat, model), now_ms=now)
+    want, want_notes = speaker_cue_weights(fresh, idx, np.ones(fresh.n, dtype=bool), question, on)
+    assert [child.ids[i] for i in idx] == ["t0", "t2", "t3"]
+    assert w.tolist() == want.tolist() == [1.5, 1.5, 1.5] and notes == want_notes == {
+        "speakers": ["Caroline"], "raised": 3}
