@@ -36,7 +36,7 @@ import numpy as np
 
 __all__ = [
     "MAPPED_MIN_BYTES", "HeapTrimmer", "HeapUsage", "anonymous_rss", "heap_usage", "limit_arenas", "mapped_empty",
-    "memory_owner", "release_freed_heap",
+    "mapped_zeros", "memory_owner", "release_freed_heap",
 ]
 
 #: Buffers at least this large get their own mapping from :func:`mapped_empty` (smaller ones stay in the heap:
@@ -202,16 +202,32 @@ def limit_arenas(arenas: int) -> bool:
     return bool(lib) and lib.mallopt(_M_ARENA_MAX, arenas) == 1
 
 
-def mapped_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """``np.empty(shape, dtype)``, in its own anonymous mapping when it takes at least :data:`MAPPED_MIN_BYTES`
-    (see the module docstring). The pages are zero until written. The mapping is unmapped when the array and
-    every view of it are gone. A mapped array is a view of a flat array over the mapping (its ``base``, which its
-    own views share as their ``base``), not an array that owns its memory."""
+def mapped_empty(shape: tuple[int, ...], dtype: Any, min_bytes: int | None = None) -> np.ndarray:
+    """``np.empty(shape, dtype)``, in its own anonymous mapping when it takes at least ``min_bytes`` (default
+    :data:`MAPPED_MIN_BYTES`; see the module docstring). The pages are zero until written. The mapping is unmapped
+    when the array and every view of it are gone. A mapped array is a view of a flat array over the mapping (its
+    ``base``, which its own views share as their ``base``), not an array that owns its memory."""
+    mapped = _mapped(shape, dtype, min_bytes)
+    return np.empty(shape, dtype) if mapped is None else mapped
+
+
+def mapped_zeros(shape: tuple[int, ...], dtype: Any, min_bytes: int | None = None) -> np.ndarray:
+    """``np.zeros(shape, dtype)``, mapped as :func:`mapped_empty` from ``min_bytes`` on (fresh mapped pages are
+    zero, and resident only once written: a buffer's spare rows cost no memory until they are used)."""
+    mapped = _mapped(shape, dtype, min_bytes)
+    return np.zeros(shape, dtype) if mapped is None else mapped
+
+
+def _mapped(shape: tuple[int, ...], dtype: Any, min_bytes: int | None) -> np.ndarray | None:
+    """A zeroed array over a private anonymous mapping of its own, or None below ``min_bytes`` (None:
+    :data:`MAPPED_MIN_BYTES`, read at the call)."""
+    if min_bytes is None:
+        min_bytes = MAPPED_MIN_BYTES
     dt = np.dtype(dtype)
     count = int(np.prod(shape, dtype=np.int64))
     nbytes = count * dt.itemsize
-    if nbytes < MAPPED_MIN_BYTES:
-        return np.empty(shape, dt)
+    if nbytes < min_bytes or nbytes == 0:
+        return None
     # Private: a shared anonymous mapping (mmap's default) is shmem, outside the process's anonymous RSS.
     mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return np.frombuffer(mapping, dtype=dt, count=count).reshape(shape)

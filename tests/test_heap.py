@@ -35,6 +35,20 @@ def test_a_large_buffer_gets_its_own_zeroed_writable_mapping() -> None:
     assert heap.mapped_empty((1 << 17,), np.int64).base is not None  # exactly the bound: mapped
 
 
+def test_mapped_zeros_is_zeros_mapped_from_its_bound() -> None:
+    small = heap.mapped_zeros((10, 4), np.float32)
+    assert small.shape == (10, 4) and small.dtype == np.float32 and small.flags.owndata and not small.any()
+    low = heap.mapped_zeros((10, 4), np.int64, min_bytes=320)  # 320 bytes: exactly the bound given
+    mapping = mapping_of(low)
+    assert isinstance(mapping, mmap.mmap) and len(mapping) == 320 and low.shape == (10, 4) and not low.any()
+    low[3, 2] = 7
+    assert int(low.sum()) == 7
+    assert mapping_of(heap.mapped_zeros((10, 4), np.int64, min_bytes=321)) is None
+    empty = heap.mapped_zeros((0, 6), np.int64, min_bytes=0)  # nothing to map
+    assert empty.shape == (0, 6) and mapping_of(empty) is None
+    assert isinstance(mapping_of(heap.mapped_empty((10, 4), np.int64, min_bytes=320)), mmap.mmap)
+
+
 def test_a_mapped_buffer_is_private_anonymous_memory() -> None:
     """Counted in the process's anonymous RSS (a shared anonymous mapping would be shmem, outside it)."""
     rows = 4 * heap.MAPPED_MIN_BYTES // (384 * 4)

@@ -69,6 +69,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memory_recall.heap import mapped_zeros
 from memory_recall.text.normalize import js_len, normalize_lexical
 
 __all__ = [
@@ -639,6 +640,16 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.intp) + np.repeat(starts - (ends - counts), counts)
 
 
+#: Row buffers of a :class:`PackedFieldTable` at least this large get their own mapping (:func:`~memory_recall.heap.
+#: mapped_zeros`). Under the service's chat-turn load (16 clients, a 2,000-message chat) the tables of the snapshots
+#: a write leaves behind copy their buffers whenever a recall on them packs a node: 600 new buffers in 40 s, most
+#: of 100–500 KiB, each alive until its snapshot goes. In glibc's heaps (its mmap threshold rises to the largest
+#: mapped block freed) each leaves a hole that smaller blocks then split; mapped, they go back to the system when
+#: freed, and their spare rows are resident only once written. Measured side by side (seven runs each), the
+#: service ended the load 1.9 MiB lower on average; the RSS trend over the load's second half did not change.
+GROWN_MAPPED_MIN_BYTES = 64 << 10
+
+
 def _grown(arr: np.ndarray, used: int, extra: int, *, copy: bool = False) -> np.ndarray:
     """``arr`` if it has room for ``used + extra`` rows (and ``copy`` is False), else a larger copy of its first
     ``used`` rows (room for twice ``used + extra``, so appending is amortised O(1) per row). Never changes
@@ -648,7 +659,8 @@ def _grown(arr: np.ndarray, used: int, extra: int, *, copy: bool = False) -> np.
         return arr
     # Sized from the rows in use, not from ``arr``'s capacity: a copy of a shared buffer sized from its capacity
     # would double the capacity on every copy, and tables remapped from one another copy again and again.
-    out = np.zeros((max(2 * need, 256), *arr.shape[1:]), dtype=arr.dtype)
+    # Mapped from GROWN_MAPPED_MIN_BYTES on: see there.
+    out = mapped_zeros((max(2 * need, 256), *arr.shape[1:]), arr.dtype, GROWN_MAPPED_MIN_BYTES)
     out[:used] = arr[:used]
     return out
 

@@ -3,12 +3,14 @@ departure 8), field matching rules and prepared sources."""
 
 from __future__ import annotations
 
+import mmap
 import unicodedata
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mapped_buffers import mapping_of
 
 from memory_recall.pipeline.kernels import (
     UnitVocab,
@@ -483,6 +485,41 @@ class TestPackedFieldTable:
         assert table.keys() == list(range(60))
         assert table.scores(np.arange(60), srcs, prepared.__getitem__).tolist() == [
             prepared_lexical_score(p, srcs) for p in prepared]
+
+    def test_grown_buffers_get_their_own_mapping_from_the_bound(self) -> None:
+        """A buffer of at least GROWN_MAPPED_MIN_BYTES is a zeroed mapping of its own (given back to the system
+        when freed, its spare rows resident only once written); a smaller one is an ordinary array. Either way
+        the rows in use are copied and the rest is zero."""
+        old = np.arange(60, dtype=np.int64).reshape(10, 6)
+        rows = lexical_module.GROWN_MAPPED_MIN_BYTES // (6 * 8)  # twice this many rows: over the bound
+        big = lexical_module._grown(old, 10, rows)
+        assert isinstance(mapping_of(big), mmap.mmap) and big.shape == (2 * (10 + rows), 6)
+        assert np.array_equal(big[:10], old) and not big[10:].any() and big.flags.writeable
+        small = lexical_module._grown(old, 10, 5)
+        assert mapping_of(small) is None and small.flags.owndata and small.shape == (256, 6)
+        assert np.array_equal(small[:10], old) and not small[10:].any()
+        assert lexical_module._grown(big, 10 + rows, 1) is big  # room left: no copy
+
+    def test_tables_on_mapped_buffers_score_bit_for_bit(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Every row buffer mapped (bound 0): a lineage of remaps, each packing after it (copies of buffers it no
+        longer owns), scores as the scalar score, and the parents keep their rows."""
+        monkeypatch.setattr(lexical_module, "GROWN_MAPPED_MIN_BYTES", 0)
+        prepared = [prepare_node([f"name {i}"], [f"the tower number {i}", "the river"]) for i in range(40)]
+        srcs = prepare_sources(["the tower by the river"])
+        table = PackedFieldTable(40, max_nodes=1000)
+        table.scores(np.array([0]), srcs, prepared.__getitem__)
+        lineage = [table]
+        for i in range(1, 40):
+            child = table.remapped(40, np.arange(40))
+            table.scores(np.array([i]), srcs, prepared.__getitem__)  # not the owner: copies, mapped
+            assert isinstance(mapping_of(table._fields), mmap.mmap)
+            lineage.append(child)
+        assert table.scores(np.arange(40), srcs, prepared.__getitem__).tolist() == [
+            prepared_lexical_score(p, srcs) for p in prepared]
+        for i, old in enumerate(lineage[1:], start=1):
+            assert old.keys() == list(range(i))
+            assert old.scores(np.arange(i), srcs, prepared.__getitem__).tolist() == [
+                prepared_lexical_score(p, srcs) for p in prepared[:i]]
 
     def test_remapped_shares_the_rows_and_the_parent_copies_before_it_packs(self) -> None:
         prepared = [prepare_node(["Alice"], ["the bell tower"]), prepare_node(["Bob"], ["the river"]), None]
