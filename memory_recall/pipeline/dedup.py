@@ -112,8 +112,17 @@ class _SnapshotKeys:
         self.lock = threading.Lock() if lock is None else lock  # numbering new keys (recalls may share them)
 
 
+#: A chain of deltas shares one key → number table (:class:`_SnapshotKeys`), and each edited text adds a key that
+#: stays after the node is rewritten again. Past this many keys per node of the graph (and
+#: :data:`MIN_KEYS_KEPT`), the next structure starts a table of its own, numbering only what its recalls examine.
+MAX_KEYS_PER_NODE = 2
+MIN_KEYS_KEPT = 4096
+
+
 def _snapshot_keys(snapshot: GraphSnapshot) -> _SnapshotKeys:
-    def update(old: _SnapshotKeys, change: StructureChange) -> _SnapshotKeys:
+    def update(old: _SnapshotKeys, change: StructureChange) -> _SnapshotKeys | None:
+        if len(old.numbers) > max(MAX_KEYS_PER_NODE * change.n_new, MIN_KEYS_KEPT):
+            return None  # built: a fresh table (a number only has to mean the same key within one entry)
         return _updated_keys(snapshot, old, change)
 
     value, _ = cached(snapshot, ("dedup-keys",), lambda: _SnapshotKeys(snapshot.n), update, recipe=_snapshot_keys)

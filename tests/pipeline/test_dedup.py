@@ -408,3 +408,24 @@ class TestAfterAppend:
             _examined(snap)
             assert _partition(keys.text_id) == _partition(built.text_id)
             assert keys.text_id[0] == keys.text_id[6] != keys.text_id[4]
+
+    def test_the_shared_key_table_starts_over_past_its_bound(self, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+        """Each edited text adds a key to the table a chain of deltas shares; past the bound the next structure
+        numbers its keys in a table of its own, and the partition still equals a fresh build's."""
+        monkeypatch.setattr(dedup, "MIN_KEYS_KEPT", 0)
+        with _store(tmp_path / "s.sqlite3") as store:
+            cache = SnapshotCache()
+            snap = cache.get(store, _CHAT, "", now_ms=_NOW)
+            keys, _ = _examined(snap)
+            sizes = [len(keys.numbers)]
+            for edit in range(30):  # node 1's text rewritten again and again: one new key each time
+                with store.write(_CHAT) as w:
+                    w.upsert_nodes([_node(1, "n000", summary=f"edited text {edit}")])
+                parent_numbers, parent_size = keys.numbers, len(keys.numbers)
+                snap = cache.get(store, _CHAT, "", now_ms=_NOW)
+                keys, _ = _examined(snap)
+                assert (keys.numbers is parent_numbers) is (parent_size <= 2 * snap.n)
+                sizes.append(len(keys.numbers))
+                assert _partition(keys.text_id) == _partition(_examined(_fresh(store))[0].text_id)
+            assert max(sizes) == 2 * snap.n + 1 and sizes[-1] < sizes[0] + 30  # it grew, then started over
