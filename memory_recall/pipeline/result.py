@@ -406,9 +406,10 @@ def _dump_table(snap: GraphSnapshot) -> dict[int, _DumpEntry]:
     """Node dumps and labels per snapshot structure (:func:`_node_entry`), each with the node's reinforcement
     statistics (``snap.stats.reinforced.get(i)``) it was read with. A node's dump depends only on its JSON (the
     structure's) and those statistics (:meth:`GraphSnapshot.node`), so an entry serves every snapshot of the
-    structure whose overlay holds the same statistics for the node, and the entries of the rows a delta left
-    unchanged serve the child structure (:func:`_updated_dumps`): the first recall after a write dumps only the
-    new and changed nodes it lists."""
+    structure: as it is where the overlay holds the same statistics for the node, else as a copy with the overlay's
+    three values (:func:`_node_entry`; re-dumped only when the overlay holds none and the entry does). The entries
+    of the rows a delta left unchanged serve the child structure (:func:`_updated_dumps`): the first recall after
+    a write dumps only the new and changed nodes it lists."""
     return cached(snap, ("result-node-dumps", "structure"), _no_dumps, _updated_dumps, recipe=_dump_table)[0]
 
 
@@ -473,12 +474,21 @@ def _node_entry(snap: GraphSnapshot, i: int) -> tuple[dict[str, Any], str]:
     table = _dump_table(snap)
     stat = snap.stats.reinforced.get(i)
     held = table.get(i)
-    if held is None or held[0] != stat:
+    if held is None or (stat is None and held[0] is not None):
         node = snap.node(i)
         if len(table) >= MAX_NODE_DUMPS:
             table.clear()
         held = table[i] = (stat, node.model_dump(mode="json"), node_label(node))
-    entry = entries[i] = (held[1], held[2])
+    dump = held[1]
+    if held[0] != stat:
+        # Only the reinforcement statistics differ (the node's JSON is the structure's): the held dump with this
+        # overlay's values, in the same key order, instead of a new parse and dump. The structure's entry stays,
+        # so a node recalled again and again is not dumped anew for every recall (those dumps, replaced in a
+        # long-lived table after each reinforcement, were most of the table's churn).
+        assert stat is not None
+        dump = dict(dump)
+        dump["access_count"], dump["importance"], dump["last_access_time"] = stat
+    entry = entries[i] = (dump, held[2])
     return entry
 
 

@@ -396,6 +396,36 @@ class TestCachesAfterAWrite:
         assert got == _recall_json(fresh, chat_store)
         _assert_carried_equal_fresh(new, fresh)
 
+    def test_a_reinforcement_patches_a_copy_of_the_held_dump(self, chat_store: Store, monkeypatch) -> None:
+        """After an access reinforcement (a new overlay, the same structure) a reinforced node's dump is the held
+        one with the overlay's statistics, in a copy: equal to a fresh build's, key for key and in the same order,
+        with no node dumped anew and the structure's entry left as it was."""
+        cache = SnapshotCache()
+        old = cache.get(chat_store, CHAT, "", now_ms=NOW)
+        _fill(old, chat_store)
+        held = dict(result_module._dump_table(old))
+        targets = ["n021", "n003"]
+        for step in range(2):  # twice: the second patches a dump held with the first's statistics too
+            chat_store.reinforce(CHAT, targets, now_ms=NOW + 1 + step)
+            new = cache.get(chat_store, CHAT, "", now_ms=NOW)
+            assert new.structure is old.structure and new.stats is not old.stats
+            dumped = []
+            real_label = result_module.node_label
+            monkeypatch.setattr(result_module, "node_label", lambda n: dumped.append(n.id) or real_label(n))
+            fresh = SnapshotCache().get(chat_store, CHAT, "", now_ms=NOW)
+            for nid in targets:
+                i = new.index[nid]
+                dump, label = result_module._node_entry(new, i)
+                expected = fresh.node(i).model_dump(mode="json")
+                assert json.dumps(dump) == json.dumps(expected) and label == result_module.node_label(fresh.node(i))
+                assert dump["access_count"] == step + 1 + old.node(i).access_count
+                assert dump is not held[i][1]
+            assert dumped == [fresh.ids[new.index[t]] for t in targets]  # the labels compared above, nothing else
+            table = result_module._dump_table(new)
+            assert all(table[i] is held[i] for i in held)  # no entry replaced
+            assert _recall_json(new, chat_store) == _recall_json(fresh, chat_store)
+            monkeypatch.setattr(result_module, "node_label", real_label)
+
     def test_rewrite_drops_the_rewritten_node(self, chat_store: Store) -> None:
         def rewrite(s: Store) -> None:  # the newest event moves to the end of the core order, renamed
             s.upsert_nodes(CHAT, [_chat_node(21, seq=0, importance=1.0, fields={"title": "renamed"})])
