@@ -405,12 +405,13 @@ class TestCachesAfterAWrite:
         _fill(old, chat_store)
         held = dict(result_module._dump_table(old))
         targets = ["n021", "n003"]
+        dumped: list[str] = []
+        real_label = result_module.node_label
         for step in range(2):  # twice: the second patches a dump held with the first's statistics too
             chat_store.reinforce(CHAT, targets, now_ms=NOW + 1 + step)
             new = cache.get(chat_store, CHAT, "", now_ms=NOW)
             assert new.structure is old.structure and new.stats is not old.stats
-            dumped = []
-            real_label = result_module.node_label
+            dumped.clear()
             monkeypatch.setattr(result_module, "node_label", lambda n: dumped.append(n.id) or real_label(n))
             fresh = SnapshotCache().get(chat_store, CHAT, "", now_ms=NOW)
             for nid in targets:
