@@ -49,6 +49,10 @@ def named_in(question: str, speaker: str) -> bool:
     return re.search(pattern, question, re.IGNORECASE) is not None
 
 
+#: The speaker memo's value for a turn not read yet (an object scalar, so numpy compares it element by element).
+_UNREAD = np.array(None, dtype=object)
+
+
 def _carried_speakers(old: np.ndarray, change: StructureChange) -> np.ndarray:
     """The speaker memo of a structure a delta derived from ``old``'s: each kept turn's speaker moved to its new
     position, ``None`` (not read yet) for the rewritten and new nodes (a rewritten turn's speaker may have
@@ -70,16 +74,15 @@ def _speakers(snapshot: GraphSnapshot, idx: np.ndarray) -> list[str]:
     # and the memo follows the chat's writes, so a turn's speaker is read once, not once per snapshot version.
     # Racing recalls on one snapshot store equal values: harmless.
     memo = _speaker_memo(snapshot)
-    names: list[str | None] = memo[idx].tolist()
-    for j, name in enumerate(names):
+    names = memo[idx]
+    for j in np.flatnonzero(np.equal(names, _UNREAD)).tolist():  # only the turns not read yet, in Python
+        i = int(idx[j])
+        name = memo[i]  # a repeated row read above
         if name is None:
-            i = int(idx[j])
-            name = memo[i]  # a repeated row read above
-            if name is None:
-                texts = snapshot.node(i, keep=False).field_text("speaker")
-                name = memo[i] = texts[0] if texts else ""
-            names[j] = name
-    return [str(name) for name in names]
+            texts = snapshot.node(i, keep=False).field_text("speaker")
+            name = memo[i] = texts[0] if texts else ""
+        names[j] = name
+    return names.tolist()  # type: ignore[no-any-return]
 
 
 def speaker_cue_weights(

@@ -67,16 +67,21 @@ def test_scoring_ranks_the_named_speakers_turn_first_and_explains_it() -> None:
     assert cued.trace.notes["speaker_cue"] == {"speakers": ["Melanie"], "raised": 1}
 
 
+def _write_turns(store: Store, chat: str, speakers: list[str]) -> list[Node]:
+    """One chained message turn per speaker (``t0``, ``t1``, …), written to ``chat``."""
+    turns = [Node(id=f"t{i}", type="message", seq=i, seq_range=(i, i), prev_id=f"t{i - 1}" if i else None,
+                  fields={"text": f"turn {i}", "speaker": speaker}) for i, speaker in enumerate(speakers)]
+    with store.write(chat) as w:
+        w.upsert_nodes(turns)
+    return turns
+
+
 def test_the_speaker_memo_follows_the_chats_appends(store: Store) -> None:
     """After an appended-only delta the child structure's memo is the parent's without the rewritten turns (their
     speaker may have changed), without parsing any node; the weights equal those of a fresh build; no parsed node
     is kept for the speakers read."""
     chat, model, now = "cue", "m", 1_700_000_000_000
-    turns = [Node(id=f"t{i}", type="message", seq=i, seq_range=(i, i), prev_id=f"t{i - 1}" if i else None,
-                  fields={"text": f"turn {i}", "speaker": speaker})
-             for i, speaker in enumerate(["Caroline", "Melanie", "Caroline"])]
-    with store.write(chat) as w:
-        w.upsert_nodes(turns)
+    turns = _write_turns(store, chat, ["Caroline", "Melanie", "Caroline"])
     cache = SnapshotCache()
     on = settings(scoring={"speaker_cue": True, "speaker_cue_boost": 0.5}).scoring
     question = "What did Melanie say?"
@@ -111,10 +116,7 @@ def test_the_speaker_memo_follows_an_edit_and_a_deletion(store: Store) -> None:
     ones; the weights equal those of a fresh build."""
     chat, model, now = "cue-edit", "m", 1_700_000_000_000
     speakers = ["Caroline", "Melanie", "Caroline", "Melanie"]
-    turns = [Node(id=f"t{i}", type="message", seq=i, seq_range=(i, i), prev_id=f"t{i - 1}" if i else None,
-                  fields={"text": f"turn {i}", "speaker": speaker}) for i, speaker in enumerate(speakers)]
-    with store.write(chat) as w:
-        w.upsert_nodes(turns)
+    turns = _write_turns(store, chat, speakers)
     cache = SnapshotCache()
     on = settings(scoring={"speaker_cue": True, "speaker_cue_boost": 0.5}).scoring
     question = "What did Caroline say?"
