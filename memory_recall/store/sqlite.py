@@ -972,9 +972,12 @@ class StoreReader:
         """Edges touching ``node_id`` (either end), in insertion order."""
         chat_id = validate_chat_id(chat_id)
         node_id = _str_arg(node_id, "node_id")
+        # The two end indexes named: left to itself, SQLite's planner reads the chat's every edge through
+        # ``edges_by_ord`` to deliver the order (16 ms at 35,000 edges instead of 0.02 ms), so an edit's ingest
+        # paid the size of the chat.
         rows = self._conn.execute(
-            "SELECT ord, edge_id, json FROM edges WHERE chat_id = ?1 AND from_id = ?2 "
-            "UNION SELECT ord, edge_id, json FROM edges WHERE chat_id = ?1 AND to_id = ?2 "
+            "SELECT ord, edge_id, json FROM edges INDEXED BY edges_by_from WHERE chat_id = ?1 AND from_id = ?2 "
+            "UNION SELECT ord, edge_id, json FROM edges INDEXED BY edges_by_to WHERE chat_id = ?1 AND to_id = ?2 "
             "ORDER BY 1, 2",
             (chat_id, node_id),
         ).fetchall()

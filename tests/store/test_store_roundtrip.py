@@ -96,6 +96,36 @@ class TestNodeEdgeRoundTrip:
         assert [e.id for e in store.edges_of("c", "a")] == ["e2", "e0"]
         assert [e.id for e in store.edges_of("c", "b")] == ["e2", "e1"]
 
+    def test_edges_of_reads_the_nodes_edges_not_the_chats(self, store: Store) -> None:
+        # An edit's ingest reads the edited node's edges: that read must cost what the node has, not what the chat
+        # has. Counted in SQLite's virtual-machine steps, the same node's three edges in a chat of 63 edges and in
+        # one of 3,003 (SQLite's planner, left to itself, read the chat's every edge to sort them).
+        store.upsert_nodes("c", [node("hub"), node("x"), node("y"), *(node(f"n{i}") for i in range(3001))])
+        store.upsert_edges("c", [edge("e-a", "hub", "x"), edge("e-b", "y", "hub"), edge("e-c", "hub", "y")])
+
+        def read() -> tuple[list[str], int]:
+            steps = 0
+
+            def step() -> int:
+                nonlocal steps
+                steps += 1
+                return 0
+
+            with store.read() as r:
+                r._conn.set_progress_handler(step, 1)
+                try:
+                    found = [e.id for e in r.edges_of("c", "hub")]
+                finally:
+                    r._conn.set_progress_handler(None, 1)
+            return found, steps
+
+        store.upsert_edges("c", [edge(f"f{i}", f"n{i}", f"n{i + 1}") for i in range(60)])
+        small, small_steps = read()
+        store.upsert_edges("c", [edge(f"f{i}", f"n{i}", f"n{i + 1}") for i in range(60, 3000)])
+        large, large_steps = read()
+        assert small == large == ["e-a", "e-b", "e-c"]  # in insertion order
+        assert large_steps <= small_steps + 40, (small_steps, large_steps)
+
     def test_delete_nodes_removes_edges_embeddings_and_fts_rows(self, store: Store) -> None:
         store.upsert_nodes(
             "c", [node("a", title="castle"), node("b", title="castle"), node("c", title="moat")]
