@@ -8,7 +8,8 @@ so no embedding is timed. Warm: recalls on the cached snapshot. After a write: o
 brought up to date (``refresh_ms``; ``event_ms`` = ingest + refresh, what the event's caller waits for); then the
 recall (the cache's ``get`` and the pipeline); ``refresh_parts_ms`` splits the refresh into the snapshot's delta,
 the derived values and the BM25 delta. ``--no-refresh`` leaves all of that to the recall, as before events
-refreshed (``snapshot_ms`` is then the ``get``).
+refreshed (``snapshot_ms`` is then the ``get``). With ``--event edit`` each turn's event is an edit instead: the
+message written before the timed turns gets a new text (its node rewritten in place, with its edges).
 
 With ``--fill-vectors``, after each of those recalls the turn's new nodes get their vectors, as the background
 embedding writes them (``fill_write_ms``), and the cache applies that write (``fill_refresh_ms``: what the next
@@ -82,7 +83,7 @@ def _graph(n: int, store_dir: Path) -> Path:
 
 def bench_size(
     n: int, turns: int, warm: int, store_dir: Path, refresh: bool = True, profile: str = "app",
-    fill_vectors: bool = False, edit_vectors: bool = False,
+    fill_vectors: bool = False, edit_vectors: bool = False, event: str = "add",
 ) -> dict[str, Any]:
     from memory_recall import bench
     from memory_recall.ingest.messages import ingest_messages
@@ -145,9 +146,13 @@ def bench_size(
             paired_cpu: list[tuple[float, float]] = []
             rng = np.random.default_rng(0)
             n_before = cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now).n
+            n_start = n_before
             how: Counter[str] = Counter()
             for j in range(turns):
-                message = ChatMessage(floor=9_000_000 + j, role="user", speaker=bench.USER,
+                # "edit": the user rewrites the message of the turn before the timed ones (an edited message keeps
+                # its floor, so its node is rewritten in place with its edges), else a new message.
+                floor = 8_999_999 if event == "edit" else 9_000_000 + j
+                message = ChatMessage(floor=floor, role="user", speaker=bench.USER,
                                       text=f"I light the lantern by the harbor and ask Mira about the tower, turn {j}.")
                 t0, c0 = time.perf_counter(), time.process_time()
                 ingest_messages(store, bench.CHAT, [message], now_ms=now)
@@ -209,8 +214,10 @@ def bench_size(
                 update.append((t2 - t1) * 1000)
                 after.append((t3 - t2) * 1000)
                 total.append((t3 - t1) * 1000)
+            nodes_added = cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now).n - n_start
     out = {
-        "nodes": n, "profile": profile, "refresh": refresh, "warm_ms": _pct(warm_ms), "ingest_ms": _pct(ingest),
+        "nodes": n, "event": event, "profile": profile, "refresh": refresh, "warm_ms": _pct(warm_ms),
+        "ingest_ms": _pct(ingest),
         "refresh_ms" if refresh else "snapshot_ms": _pct(update),
         "event_ms": _pct([a + b for a, b in zip(ingest, update, strict=True)]) if refresh else None,
         "recall_ms": _pct(after), "after_write_ms": _pct(total),
@@ -230,6 +237,7 @@ def bench_size(
         "cpu_ratio": round(float(np.median(total_cpu)) / float(np.median(warm_cpu)), 2),
         "recall_cpu_ratio": round(float(np.median(recall_cpu)) / float(np.median(warm_cpu)), 2),
         "snapshot_how": dict(how),
+        "nodes_added": nodes_added,
         "loadavg": [round(v, 2) for v in os.getloadavg()],
         "stage_extra_ms": _stage_extra(warm_stages, after_stages),
     }
@@ -268,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
                              "message re-embedded: the matrix is copied), apply it (edit_refresh_ms) and recall; "
                              "prints the anonymous RSS at the end (anon_rss_mb: one size per run for a clean "
                              "figure)")
+    parser.add_argument("--event", choices=("add", "edit"), default="add",
+                        help="each turn's chat event: a new message (add, the default) or an edit of the message "
+                             "written before the timed turns (edit: its node rewritten in place)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="after-write-graphs-") as tmp:
         store_dir = Path(args.store_dir or tmp)
@@ -275,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in (int(s) for s in args.sizes.split(",") if s):
             print(json.dumps(bench_size(
                 n, args.turns, args.warm, store_dir, not args.no_refresh, args.profile, args.fill_vectors,
-                args.edit_vectors)),
+                args.edit_vectors, args.event)),
                 flush=True)
     return 0
 

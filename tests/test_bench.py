@@ -94,3 +94,17 @@ def test_bench_after_write_times_the_event_in_wall_and_cpu_time(tmp_path: Path) 
     cpu = np.array(r["paired_turns_cpu_ms"])
     assert cpu.shape == (5, 2) and (cpu > 0).all()
     assert float(np.median(cpu[:, 0] / cpu[:, 1])) == pytest.approx(r["paired_cpu_ratio"], abs=0.011)
+    # Five new messages, and the entity node of the name they bring (Mira), made by the first.
+    assert r["event"] == "add" and r["nodes_added"] == 6
+
+
+def test_bench_after_write_edits_one_message_in_place(tmp_path: Path) -> None:
+    """``--event edit``: every turn rewrites the same message, so the chat gains no message node; the first edit's
+    new text brings the name Mira, whose entity node is the one node added. Each turn's recall still finds the
+    snapshot brought up to date by the event's refresh."""
+    baw: Any = load_script("bench_after_write")
+    r = baw.bench_size(300, turns=3, warm=2, store_dir=tmp_path, profile="default", event="edit")
+    assert r["event"] == "edit" and r["nodes_added"] == 1
+    assert r["snapshot_how"] == {"cached": 3}
+    for key in ("ingest_ms", "refresh_ms", "event_ms", "recall_ms"):
+        _check_pct(r[key])
