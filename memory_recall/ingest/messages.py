@@ -1261,7 +1261,10 @@ def remove_message(store: Any, chat_id: str, floor: int, *, now_ms: int) -> Inge
     not recomputed) — so nothing is re-ingested or re-embedded. Recall records move with their floors; the
     removed floor's record is dropped. A character or entity left without an active edge is archived.
 
-    One transaction; cost O(messages after ``floor`` + their edges), never a pass over the chat. Characters'
+    One transaction; cost O(messages after ``floor`` + their edges), never a pass over the chat: those messages
+    are read by floor (an index), their edges by end, and the chain's links around them from the store's ingest
+    cache (:func:`_chain_near`). The orphan check also reads the edges of the removed message's speaker and of
+    the names it mentions (:meth:`~memory_recall.store.sqlite.StoreReader.lasting_edge`). Characters'
     and entities' ``seq_range`` keep their floors (they only ever grow, see "Character node"), and extracted
     memory nodes keep theirs. Raises :class:`NotFound` when the chat has no message node at ``floor`` or
     after it.
@@ -1294,7 +1297,7 @@ def remove_message(store: Any, chat_id: str, floor: int, *, now_ms: int) -> Inge
             moved.append(e.model_copy(update={"id": eid, "from_id": src, "to_id": dst}))
 
         # The chain: links into the renamed run follow the rename; the removed message is skipped.
-        chain = w.message_chain(chat_id)
+        chain = _chain_near(store, w, chat_id, floor, [(nodes[nid].seq, nid) for _, nid in later if nid in nodes])
         before = [nid for seq, nid, _, _ in chain if seq < floor]
         order = before + [rename[nid] for _, nid, _, _ in chain if nid in rename]
         link = {nid: (order[i - 1] if i else None, order[i + 1] if i + 1 < len(order) else None)
@@ -1347,6 +1350,23 @@ def remove_message(store: Any, chat_id: str, floor: int, *, now_ms: int) -> Inge
         retired_edges=tuple(sorted(e.id for e in gone)),
     )
     return IngestReport.of(chat_id, new_version, plan)
+
+
+def _chain_near(store: Any, w: Any, chat_id: str, floor: int, anchors: Sequence[tuple[int, str]]) -> list[Any]:
+    """What :func:`remove_message` needs of the message chain, in ``(seq, node_id)`` order: the two links before
+    ``floor`` and the links at ``anchors`` (the messages at ``floor`` and after), each with its neighbours. Read from
+    the store's ingest cache (:meth:`~memory_recall.store.sqlite.StoreReader.ingest_base`: runs around the anchors,
+    O(anchors) once the cache holds the chat) when it serves the version ``w`` writes over and the chain's links are
+    consistent; else the whole chain from ``w`` (:meth:`~memory_recall.store.sqlite.StoreReader.message_chain`).
+    Called before ``w`` writes anything, so a read sees what ``w`` sees."""
+    if hasattr(store, "read"):
+        with store.read() as r:
+            if hasattr(r, "ingest_base") and r.chat_version(chat_id) == w.chat_version(chat_id):
+                # (floor, "") sorts before every link at ``floor``: its run starts two links before the floor.
+                base = r.ingest_base(chat_id, [(floor, ""), *anchors], margin=2)
+                if base.runs is not None:
+                    return [link for run in base.runs for link in run.links]  # disjoint runs, in chain order
+    return list(w.message_chain(chat_id))
 
 
 def plan_sync(messages: Sequence[ChatMessage], existing: GraphView | None, now_ms: int) -> IngestPlan:

@@ -442,9 +442,16 @@ def _migrate_v5(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX nodes_by_type ON nodes(chat_id, type, ord)")
 
 
+def _migrate_v6(conn: sqlite3.Connection) -> None:
+    """Message nodes by floor (the end of their ``seq_range``): a deleted message's event reads the messages at
+    its floor and after (:meth:`StoreReader.message_floors_from`), which without this read every message node of
+    the chat (57 ms at 100,000 nodes)."""
+    conn.execute("CREATE INDEX nodes_by_floor ON nodes(chat_id, type, seq_end)")
+
+
 #: Ordered schema migrations: ``MIGRATIONS[i]`` upgrades ``user_version`` i to i + 1, inside one transaction.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
-    _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4, _migrate_v5,
+    _migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4, _migrate_v5, _migrate_v6,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

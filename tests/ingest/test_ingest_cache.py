@@ -61,6 +61,14 @@ def _reference_apply(store: Store, make_plan: Callable[[Any], IngestPlan], **vie
     write_plan(store, CHAT, plan)
 
 
+class _WholeChain:
+    """A store without its reader (``read``): :func:`remove_message` then reads the whole message chain from its
+    writer instead of the links around the floor from the ingest cache (the reference for that cut)."""
+
+    def __init__(self, store: Store) -> None:
+        self.write = store.write
+
+
 class _Three:
     """One chat in three stores: ``cached`` (one long-lived ``Store``: the ingest cache serves every event after
     the first), ``cold`` (a new ``Store`` per operation: no cache) and ``full`` (the whole-chat read path)."""
@@ -94,12 +102,11 @@ class _Three:
             _reference_apply(s, lambda v: plan_messages([message], v, now), messages=[message])
 
     def remove(self, floor: int, now: int) -> None:
-        for k in ("cached", "cold", "full"):
-            if k == "cached":
-                remove_message(self.cached, CHAT, floor, now_ms=now)
-            else:
-                with Store(self.paths[k]) as s:
-                    remove_message(s, CHAT, floor, now_ms=now)
+        remove_message(self.cached, CHAT, floor, now_ms=now)
+        with Store(self.paths["cold"]) as s:
+            remove_message(s, CHAT, floor, now_ms=now)
+        with Store(self.paths["full"]) as s:
+            remove_message(_WholeChain(s), CHAT, floor, now_ms=now)
 
     def other_process(self, fn: Callable[[Store], None]) -> None:
         """The same write through a second ``Store`` object on each file (for ``cached``: another process)."""
@@ -220,6 +227,19 @@ class TestCacheUse:
         delete_message(store, CHAT, 3, now_ms=NOW + 2)
         ingest_messages(store, CHAT, [_turn(9, "Oscar went to the Gull Inn.")], now_ms=NOW + 3)
         assert counting.calls == []
+
+    def test_warm_removal_reads_no_whole_chat_rows(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        # A message taken out of the middle (the later ones move down a floor) reads the links around it from
+        # the cache, at the floor's start and at the end of the chat, and they come out as the whole chain's.
+        ingest_messages(store, CHAT, [_turn(f) for f in range(12)], now_ms=NOW)
+        counting = _Counting(monkeypatch)
+        remove_message(store, CHAT, 5, now_ms=NOW + 1)
+        remove_message(store, CHAT, 0, now_ms=NOW + 2)
+        remove_message(store, CHAT, 9, now_ms=NOW + 3)
+        assert counting.calls == []
+        assert [link[1:] for link in store.message_chain(CHAT)] == [
+            (f"msg:{f}", f"msg:{f - 1}" if f else None, f"msg:{f + 1}" if f < 8 else None) for f in range(9)
+        ]
 
     def test_other_store_write_forces_one_reread(self, db_path: Path, store: Store,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,7 +54,7 @@ class TestMigration:
         path = tmp_path / "old.sqlite3"
         nodes, e = _make_v1(path)
         with Store(path) as store:
-            assert store.schema_version == SCHEMA_VERSION == 5
+            assert store.schema_version == SCHEMA_VERSION == 6
             assert store.chat_version("old") == 7
             assert store.get_nodes("old") == nodes
             assert store.get_edges("old") == [e]
@@ -127,7 +127,7 @@ class TestMigration:
         conn.execute("COMMIT")
         conn.close()
         with Store(path) as old, Store(tmp_path / "v4.sqlite3") as new:
-            assert old.schema_version == 5
+            assert old.schema_version == 6
             with new.write("c") as w:
                 w.replace_graph(graph)
                 w.put_embeddings("m", vectors)
