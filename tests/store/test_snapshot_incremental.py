@@ -33,6 +33,7 @@ from memory_recall.store import Store
 from memory_recall.store import snapshot as snapshot_module
 from memory_recall.store.snapshot import (
     GraphSnapshot,
+    JoinedStrings,
     SnapshotCache,
     apply_delta,
     build_snapshot,
@@ -830,3 +831,24 @@ def test_a_copy_of_an_older_view_zeroes_the_rows_it_has_without_a_vector() -> No
     assert buffer.extended(grown, 1, np.zeros(0, np.int64)) is not None
     copy = snapshot_module._RowBuffer.of(old, has, 1)
     assert copy.head.tolist() == [[1, 0], [0, 1], [0, 0], [0, 0]]
+
+
+def test_deleted_edges_ids_leave_the_text_once_most_are_gone(world: _World) -> None:
+    """A delta that deletes edges selects the kept edges' ids by their offsets (no string copied); once less than
+    half of the ids' text is in use, the ids are written out anew, so the ids of deleted edges do not pile up over
+    a chain of deletions. Every snapshot equals a fresh build's."""
+    store, cache = world.store, world.cache
+    ids = list(cache.get(store, CHAT, MODEL, now_ms=world.now).edge_ids)
+    rewrites = 0
+    while len(ids) > 3:
+        gone, ids = ids[: len(ids) // 3], ids[len(ids) // 3:]
+        with store.write(CHAT) as w:
+            w.delete_edges(gone)
+        snap = cache.get(store, CHAT, MODEL, now_ms=world.now)
+        assert cache.last_update[CHAT] == "delta"
+        assert _differences(snap, build_snapshot(store.snapshot_source(CHAT, MODEL), now_ms=world.now)) == []
+        held = snap.edge_ids
+        assert isinstance(held, JoinedStrings) and list(held) == ids
+        assert 2 * held.characters() >= held.text_size()
+        rewrites += held.characters() == held.text_size()
+    assert rewrites >= 2
