@@ -9,7 +9,9 @@ brought up to date (``refresh_ms``; ``event_ms`` = ingest + refresh, what the ev
 recall (the cache's ``get`` and the pipeline); ``refresh_parts_ms`` splits the refresh into the snapshot's delta,
 the derived values and the BM25 delta. ``--no-refresh`` leaves all of that to the recall, as before events
 refreshed (``snapshot_ms`` is then the ``get``). With ``--event edit`` each turn's event is an edit instead: the
-message written before the timed turns gets a new text (its node rewritten in place, with its edges).
+message written before the timed turns gets a new text (its node rewritten in place, with its edges); with
+``--event remove`` a deletion: the message :data:`REMOVE_BACK` floors before the chat's last one is removed and
+the later ones move down a floor (``remove_message``; the messages are written before the warm recalls).
 
 With ``--fill-vectors``, after each of those recalls the turn's new nodes get their vectors, as the background
 embedding writes them (``fill_write_ms``), and the cache applies that write (``fill_refresh_ms``: what the next
@@ -54,6 +56,9 @@ from typing import Any
 
 import numpy as np
 
+#: ``--event remove``: how many messages come after the one each turn deletes (they move down a floor).
+REMOVE_BACK = 20
+
 
 def _pct(values: list[float]) -> dict[str, float]:
     arr = np.asarray(values, dtype=np.float64)
@@ -86,7 +91,7 @@ def bench_size(
     fill_vectors: bool = False, edit_vectors: bool = False, event: str = "add",
 ) -> dict[str, Any]:
     from memory_recall import bench
-    from memory_recall.ingest.messages import ingest_messages
+    from memory_recall.ingest.messages import ingest_messages, remove_message
     from memory_recall.model.chat import ChatMessage
     from memory_recall.pipeline.result import build_result
     from memory_recall.pipeline.retrieve import prepare_snapshot, run_pipeline
@@ -129,6 +134,12 @@ def bench_size(
             # a chat ingested turn by turn never does; the warm-up recalls then see the relinked nodes.
             settle = ChatMessage(floor=8_999_999, role="user", speaker=bench.USER, text="I step off the boat.")
             ingest_messages(store, bench.CHAT, [settle], now_ms=now)
+            if event == "remove":  # the messages the turns remove, and REMOVE_BACK after them, written untimed
+                ingest_messages(store, bench.CHAT, [
+                    ChatMessage(floor=9_000_000 + i, role="user", speaker=bench.USER,
+                                text=f"I walk along the harbor toward the tower, step {i}.")
+                    for i in range(turns + REMOVE_BACK)
+                ], now_ms=now)
             for k in range(len(bench.QUERIES)):  # warm-up: snapshot, BM25 index, lazy caches
                 recall(k)
             warm_stages.clear()
@@ -150,12 +161,16 @@ def bench_size(
             how: Counter[str] = Counter()
             for j in range(turns):
                 # "edit": the user rewrites the message of the turn before the timed ones (an edited message keeps
-                # its floor, so its node is rewritten in place with its edges), else a new message.
+                # its floor, so its node is rewritten in place with its edges); "remove": the message REMOVE_BACK
+                # floors before the last one is deleted and the later ones move down a floor; else a new message.
                 floor = 8_999_999 if event == "edit" else 9_000_000 + j
                 message = ChatMessage(floor=floor, role="user", speaker=bench.USER,
                                       text=f"I light the lantern by the harbor and ask Mira about the tower, turn {j}.")
                 t0, c0 = time.perf_counter(), time.process_time()
-                ingest_messages(store, bench.CHAT, [message], now_ms=now)
+                if event == "remove":
+                    remove_message(store, bench.CHAT, 9_000_000 + turns - 1 - j, now_ms=now)
+                else:
+                    ingest_messages(store, bench.CHAT, [message], now_ms=now)
                 t1, c1 = time.perf_counter(), time.process_time()
                 if refresh:  # what RecallController.refresh does at the end of every chat event
                     fresh_snaps = cache.refresh(store, bench.CHAT, now_ms=now)
@@ -276,9 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                              "message re-embedded: the matrix is copied), apply it (edit_refresh_ms) and recall; "
                              "prints the anonymous RSS at the end (anon_rss_mb: one size per run for a clean "
                              "figure)")
-    parser.add_argument("--event", choices=("add", "edit"), default="add",
-                        help="each turn's chat event: a new message (add, the default) or an edit of the message "
-                             "written before the timed turns (edit: its node rewritten in place)")
+    parser.add_argument("--event", choices=("add", "edit", "remove"), default="add",
+                        help="each turn's chat event: a new message (add, the default), an edit of the message "
+                             "written before the timed turns (edit: its node rewritten in place) or the deletion of "
+                             f"the message {REMOVE_BACK} floors before the last one (remove: the later ones move down)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="after-write-graphs-") as tmp:
         store_dir = Path(args.store_dir or tmp)

@@ -108,3 +108,15 @@ def test_bench_after_write_edits_one_message_in_place(tmp_path: Path) -> None:
     assert r["snapshot_how"] == {"cached": 3}
     for key in ("ingest_ms", "refresh_ms", "event_ms", "recall_ms"):
         _check_pct(r[key])
+
+
+def test_bench_after_write_removes_a_message_each_turn(tmp_path: Path) -> None:
+    """``--event remove``: every turn deletes the message ``REMOVE_BACK`` floors before the last (the later ones
+    move down a floor), so the chat loses one message node a turn; each recall finds the snapshot the event's
+    refresh brought up to date."""
+    baw: Any = load_script("bench_after_write")
+    r = baw.bench_size(300, turns=3, warm=2, store_dir=tmp_path, profile="default", event="remove")
+    assert r["event"] == "remove" and r["nodes_added"] == -3
+    assert r["snapshot_how"] == {"cached": 3}
+    for key in ("ingest_ms", "refresh_ms", "event_ms", "recall_ms"):
+        _check_pct(r[key])
