@@ -999,8 +999,11 @@ class StoreReader:
         wanted = _id_list(types, "types")
         if not wanted:
             return []
+        # The type index named: SQLite's planner otherwise reads the chat's every node through ``nodes_by_ord`` for
+        # the order (115-265 ms at 100,000 nodes instead of 69 ms for their 12,000 characters and entities).
         rows = self._conn.execute(
-            f"SELECT json FROM nodes WHERE chat_id = ? AND type IN ({_marks(len(wanted))}) ORDER BY ord, rid",
+            f"SELECT json FROM nodes INDEXED BY nodes_by_type WHERE chat_id = ? AND type IN ({_marks(len(wanted))}) "
+            "ORDER BY ord, rid",
             (chat_id, *wanted),
         ).fetchall()
         return [_PARSED_NODES.load(r[0]) for r in rows]

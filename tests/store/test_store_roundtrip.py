@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -27,12 +29,34 @@ from memory_recall.model.state import (
     TimelineState,
 )
 from memory_recall.store import Store
+from memory_recall.store.sqlite import StoreReader
+
+T = TypeVar("T")
 
 _HYPO = settings(
     max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+
+
+def _vm_steps(store: Store, read: Callable[[StoreReader], T]) -> tuple[T, int]:
+    """``read`` on a reader of ``store``, and the SQLite virtual-machine steps it took: a read's cost that does not
+    depend on the machine's speed."""
+    steps = 0
+
+    def step() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    with store.read() as r:
+        r._conn.set_progress_handler(step, 1)
+        try:
+            out = read(r)
+        finally:
+            r._conn.set_progress_handler(None, 1)
+    return out, steps
 
 
 def _exact(model: Node | Edge) -> str:
@@ -98,32 +122,34 @@ class TestNodeEdgeRoundTrip:
 
     def test_edges_of_reads_the_nodes_edges_not_the_chats(self, store: Store) -> None:
         # An edit's ingest reads the edited node's edges: that read must cost what the node has, not what the chat
-        # has. Counted in SQLite's virtual-machine steps, the same node's three edges in a chat of 63 edges and in
-        # one of 3,003 (SQLite's planner, left to itself, read the chat's every edge to sort them).
+        # has. The same node's three edges in a chat of 63 edges and in one of 3,003 (SQLite's planner, left to
+        # itself, read the chat's every edge to sort them: 747 and 30,147 steps).
         store.upsert_nodes("c", [node("hub"), node("x"), node("y"), *(node(f"n{i}") for i in range(3001))])
         store.upsert_edges("c", [edge("e-a", "hub", "x"), edge("e-b", "y", "hub"), edge("e-c", "hub", "y")])
 
-        def read() -> tuple[list[str], int]:
-            steps = 0
-
-            def step() -> int:
-                nonlocal steps
-                steps += 1
-                return 0
-
-            with store.read() as r:
-                r._conn.set_progress_handler(step, 1)
-                try:
-                    found = [e.id for e in r.edges_of("c", "hub")]
-                finally:
-                    r._conn.set_progress_handler(None, 1)
-            return found, steps
+        def read(r: StoreReader) -> list[str]:
+            return [e.id for e in r.edges_of("c", "hub")]
 
         store.upsert_edges("c", [edge(f"f{i}", f"n{i}", f"n{i + 1}") for i in range(60)])
-        small, small_steps = read()
+        small, small_steps = _vm_steps(store, read)
         store.upsert_edges("c", [edge(f"f{i}", f"n{i}", f"n{i + 1}") for i in range(60, 3000)])
-        large, large_steps = read()
+        large, large_steps = _vm_steps(store, read)
         assert small == large == ["e-a", "e-b", "e-c"]  # in insertion order
+        assert large_steps <= small_steps + 40, (small_steps, large_steps)
+
+    def test_nodes_by_type_reads_those_nodes_not_the_chats(self, store: Store) -> None:
+        # Every message event's ingest cache starts from the chat's characters and entities: two of them among 60
+        # events, then among 3,000, take the same steps.
+        store.upsert_nodes("c", [node("n0"), node("ann", "character"), node("bo", "entity"),
+                                 *(node(f"n{i}") for i in range(1, 60))])
+
+        def read(r: StoreReader) -> list[str]:
+            return [n.id for n in r.get_nodes_by_type("c", ["entity", "character"])]
+
+        small, small_steps = _vm_steps(store, read)
+        store.upsert_nodes("c", [node(f"n{i}") for i in range(60, 3000)])
+        large, large_steps = _vm_steps(store, read)
+        assert small == large == ["ann", "bo"]  # in insertion order
         assert large_steps <= small_steps + 40, (small_steps, large_steps)
 
     def test_delete_nodes_removes_edges_embeddings_and_fts_rows(self, store: Store) -> None:
