@@ -1356,8 +1356,9 @@ def _chain_near(store: Any, w: Any, chat_id: str, floor: int, anchors: Sequence[
     """What :func:`remove_message` needs of the message chain, in ``(seq, node_id)`` order: the two links before
     ``floor`` and the links at ``anchors`` (the messages at ``floor`` and after), each with its neighbours. Read from
     the store's ingest cache (:meth:`~memory_recall.store.sqlite.StoreReader.ingest_base`: runs around the anchors,
-    O(anchors) once the cache holds the chat) when it serves the version ``w`` writes over and the chain's links are
-    consistent; else the whole chain from ``w`` (:meth:`~memory_recall.store.sqlite.StoreReader.message_chain`).
+    O(anchors) once the cache holds the chat, or the whole chain it holds when the stored links disagree with the
+    order) when it serves the version ``w`` writes over; else the whole chain read by ``w``
+    (:meth:`~memory_recall.store.sqlite.StoreReader.message_chain`).
     Called before ``w`` writes anything, so a read sees what ``w`` sees."""
     if hasattr(store, "read"):
         with store.read() as r:
@@ -1366,6 +1367,8 @@ def _chain_near(store: Any, w: Any, chat_id: str, floor: int, anchors: Sequence[
                 base = r.ingest_base(chat_id, [(floor, ""), *anchors], margin=2)
                 if base.runs is not None:
                     return [link for run in base.runs for link in run.links]  # disjoint runs, in chain order
+                if base.chain is not None:  # links that disagree with the order: the whole chain, as cached
+                    return list(base.chain)
     return list(w.message_chain(chat_id))
 
 

@@ -198,6 +198,19 @@ class TestCachedEqualsUncached:
         types = three.cached.stats(CHAT)["nodes_by_type"]
         assert types["character"] >= 4 and types["entity"] >= 3
 
+    @pytest.mark.parametrize("floor", [0, 2, 5, 9])
+    def test_removal_over_a_broken_chain(self, three: _Three, floor: int) -> None:
+        # Stored links that disagree with the order (another writer's): the removal takes the whole chain the
+        # cache holds, and ends as one that reads the whole chain from the store.
+        rng = random.Random(floor)
+        three.ingest([_message(rng, f, 0, 3) for f in range(10)], NOW)
+        three.other_process(_break_link)
+        three.remove(floor, NOW + 1000)
+        dumps = three.dumps()
+        assert dumps["cached"] == dumps["full"] and dumps["cold"] == dumps["full"]
+        with Store(three.paths["full"]) as full:
+            assert _active_floors(three.cached) == _active_floors(full)
+
 
 class _Counting:
     """Counts the whole-chat ingest reads (owner rows and the chain) of every ``StoreReader``."""
@@ -240,6 +253,17 @@ class TestCacheUse:
         assert [link[1:] for link in store.message_chain(CHAT)] == [
             (f"msg:{f}", f"msg:{f - 1}" if f else None, f"msg:{f + 1}" if f < 8 else None) for f in range(9)
         ]
+
+    def test_removal_over_a_broken_chain_reads_the_chain_once(self, db_path: Path, store: Store,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+        # Another writer left links that disagree with the order: the cache is read anew (once), and the removal
+        # takes the whole chain from it instead of reading the chain again.
+        ingest_messages(store, CHAT, [_turn(f) for f in range(8)], now_ms=NOW)
+        with Store(db_path) as other:
+            _break_link(other)
+        counting = _Counting(monkeypatch)
+        remove_message(store, CHAT, 2, now_ms=NOW + 1)
+        assert counting.calls == ["get_nodes_by_type", "message_chain"]
 
     def test_other_store_write_forces_one_reread(self, db_path: Path, store: Store,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
