@@ -1886,23 +1886,23 @@ def _kept_edge_strings(
     are selected by offsets (:meth:`JoinedStrings.take`, no string copied) and the relations through an object
     array, where a loop over the chat's edges in Python cost 150 ms at 35,000 edges (a deleted message's event).
     The ids' text is rewritten once less than half of it is still in use, so deleted ids do not pile up."""
-    old_ids = e_old.edge_ids
-    kept_rel = np.array(list(e_old.relation), dtype=object)[e_take] if e_take.size else np.zeros(0, object)
     upd, at = e_upd.tolist(), e_pos.tolist()
+    kept_rel = np.array(list(e_old.relation), dtype=object)[e_take] if e_take.size else np.zeros(0, object)
     for k, p in zip(upd, at, strict=True):
         kept_rel[p] = delta.edge_relation[k]
     relation = (*kept_rel.tolist(), *added_rel)
-    if isinstance(old_ids, JoinedStrings):
-        kept = old_ids.take(e_take)
-        # A rewritten edge keeps its row, so its id: the store's upsert keys on it. Checked, not assumed.
-        if all(kept[p] == delta.edge_ids[k] for k, p in zip(upd, at, strict=True)):
-            if 2 * kept.characters() < kept.text_size():
-                kept = JoinedStrings.of(list(kept))
-            return kept.extended(added_ids), relation
-    ids = [old_ids[i] for i in e_take.tolist()]
-    for k, p in zip(upd, at, strict=True):
-        ids[p] = delta.edge_ids[k]
-    return JoinedStrings.of([*ids, *added_ids]), relation
+    old_ids = e_old.edge_ids
+    kept = old_ids.take(e_take) if isinstance(old_ids, JoinedStrings) else JoinedStrings.of(
+        list(map(old_ids.__getitem__, e_take.tolist())))
+    # A rewritten edge keeps its row, so its id: the store's upsert keys on it. Checked, not assumed.
+    if any(kept[p] != delta.edge_ids[k] for k, p in zip(upd, at, strict=True)):
+        ids = list(kept)
+        for k, p in zip(upd, at, strict=True):
+            ids[p] = delta.edge_ids[k]
+        kept = JoinedStrings.of(ids)
+    elif 2 * kept.characters() < kept.text_size():
+        kept = JoinedStrings.of(list(kept))
+    return kept.extended(added_ids), relation
 
 
 def _merged(
