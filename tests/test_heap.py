@@ -68,6 +68,32 @@ def test_a_mapped_buffer_is_private_anonymous_memory() -> None:
     raise AssertionError("the buffer's mapping is not in /proc/self/smaps")
 
 
+
+def _vm_flags(address: int) -> list[str]:
+    """The ``VmFlags`` of the mapping of this process that holds ``address`` (``/proc/self/smaps``)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            inside = lo <= address < hi
+        elif head[:1] == ["VmFlags:"] and inside:
+            return head[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists() or not hasattr(mmap, "MADV_HUGEPAGE"),
+                    reason="Linux's smaps and madvise(MADV_HUGEPAGE)")
+def test_a_mapping_from_the_huge_page_bound_on_asks_for_huge_pages() -> None:
+    """Filling a fresh mapping costs a page fault per page: a large one asks for huge pages (``hg`` in its
+    ``VmFlags``), a smaller one keeps small pages, so its untouched spare rows stay out of the RSS."""
+    large = heap.mapped_empty((heap.HUGE_PAGE_MIN_BYTES // 8,), np.int64)
+    small = heap.mapped_empty((heap.HUGE_PAGE_MIN_BYTES // 8 - 1,), np.int64)
+    assert mapping_of(large) is not None and mapping_of(small) is not None
+    assert "hg" in _vm_flags(large.ctypes.data)
+    assert "hg" not in _vm_flags(small.ctypes.data)
+
+
 def test_limit_arenas_refuses_a_negative_count_and_keeps_the_default_for_zero() -> None:
     with pytest.raises(ValueError, match="^arenas: 0 .* got -1$"):
         heap.limit_arenas(-1)

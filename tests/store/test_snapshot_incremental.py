@@ -706,6 +706,63 @@ def _turn_without_vector(world: _World, i: int) -> Node:
     return node
 
 
+@pytest.mark.parametrize("runs", ["slices", "gather"])
+def test_a_deletion_copies_the_kept_rows_once_and_the_next_append_writes_into_the_spare_rows(
+    world: _World, monkeypatch: pytest.MonkeyPatch, runs: str
+) -> None:
+    """A deleted node: the rows after it move up one place, so the delta copies the kept rows into a new buffer
+    (run by run of consecutive rows, or in one gather past :data:`MAX_COPY_RUNS` gaps) with spare rows after them,
+    and the next message appends into those instead of copying the matrix a second time (at 100k nodes each copy
+    was a quarter of a second). The snapshot the node was deleted from keeps its bytes; both equal fresh builds."""
+    monkeypatch.setattr(heap, "MAPPED_MIN_BYTES", 0)  # this chat's small matrix gets a mapping, as a large one does
+    monkeypatch.setattr(snapshot_module, "MAX_COPY_RUNS", 64 if runs == "slices" else 0)
+    world.apply("message", 51)
+    world.apply("message", 52)
+    before = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    kept_bytes = before.embeddings.copy()
+    gone = before.ids[3]  # an early row: every later one moves
+    with world.store.write(CHAT) as w:
+        w.delete_nodes([gone])
+    after = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert world.cache.last_update[CHAT] == "delta" and after.n == before.n - 1 and gone not in after.index
+    assert before.embeddings.tobytes() == kept_bytes.tobytes()
+    rows = [i for i in range(before.n) if i != 3]
+    assert after.embeddings.tobytes() == np.where(before.has_vector[rows, None], kept_bytes[rows], 0).tobytes()
+    assert mapping_of(after.embeddings) is not None
+    assert _buffer_rows(after.embeddings) == after.n + snapshot_module.spare_rows(after.n)
+    assert _differences(after, build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)) == []
+    world.apply("message", 53)
+    new = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert world.cache.last_update[CHAT] == "delta" and new.n == after.n + 1
+    assert new.embeddings.base is after.embeddings.base
+    assert _differences(new, build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)) == []
+
+
+def test_a_row_filled_by_a_copying_delta_is_claimed(world: _World) -> None:
+    """A delta that copies the matrix (it rewrites a row that held a vector) and in the same write gives a new
+    turn its first vector: that row is claimed in the new buffer, so re-embedding the turn later copies again
+    instead of writing over the vector the snapshot of that delta still reads."""
+    world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    world.apply("message", 61)
+    node = _turn_without_vector(world, 61)
+    pending = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    old_row = pending.ids[int(np.flatnonzero(pending.has_vector)[2])]
+    with world.store.write(CHAT) as w:  # the turn's first vector and an old row's new one, in one write
+        w.put_embeddings(MODEL, {node.id: _vector(np.random.default_rng(62)),
+                                 old_row: _vector(np.random.default_rng(63))})
+    filled = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert world.cache.last_update[CHAT] == "delta" and bool(filled.has_vector[filled.index[node.id]])
+    assert not np.shares_memory(filled.embeddings, pending.embeddings)
+    kept = filled.embeddings.copy()
+    with world.store.write(CHAT) as w:  # the turn re-embedded (an edit)
+        w.put_embeddings(MODEL, {node.id: _vector(np.random.default_rng(64))})
+    again = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert world.cache.last_update[CHAT] == "delta"
+    assert filled.embeddings.tobytes() == kept.tobytes()
+    assert again.embeddings[again.index[node.id]].tobytes() != kept[filled.index[node.id]].tobytes()
+    assert _differences(again, build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)) == []
+
+
 def test_the_background_vector_of_a_new_turn_is_written_in_place(world: _World) -> None:
     """A chat turn: the event appends the turn's node without a vector, then the background embedding writes its
     first vector. That row never held a vector, so the vector goes into the same memory (at 100k nodes a copy of
