@@ -12,7 +12,7 @@ from typing import TypeVar
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["assembled", "rows_of", "stacked"]
+__all__ = ["assembled", "kept_entries", "rows_of", "stacked"]
 
 M = TypeVar("M", sp.csr_matrix, sp.csr_array)
 
@@ -50,3 +50,33 @@ def stacked(top: M, bottom: M, columns: int) -> M:
     indices = np.concatenate([top.indices[:nnz], bottom.indices[: int(bottom.indptr[-1])]]).astype(dtype, copy=False)
     indptr = np.concatenate([top.indptr, bottom.indptr[1:] + nnz]).astype(dtype, copy=False)
     return assembled(type(top), (top.shape[0] + bottom.shape[0], columns), data, indices, indptr)
+
+
+def kept_entries(m: M, rows: np.ndarray, col_map: np.ndarray, n_cols: int) -> M:
+    """``m`` restricted to the rows ``rows`` (ascending) with each column ``j`` moved to ``col_map[j]`` (ascending
+    where kept; −1: dropped): the entries' order within a row is kept, so a canonical matrix stays canonical (its
+    flags are carried). A few numpy passes over the entries; the leading rows (a deletion of the newest nodes) are
+    cut without a pass over the rows."""
+    n = m.shape[0]
+    indptr = m.indptr
+    if rows.size and rows.size == int(rows[-1]) + 1:  # the leading rows (a deletion of the newest nodes)
+        end = int(indptr[rows.size])
+        new_col = col_map[m.indices[:end]]
+        ok = new_col >= 0
+        data = m.data[:end]
+        starts, stops = indptr[: rows.size], indptr[1 : rows.size + 1]
+    else:
+        row_kept = np.zeros(n, dtype=bool)
+        row_kept[rows] = True
+        new_col = col_map[m.indices]
+        ok = (new_col >= 0) & np.repeat(row_kept, np.diff(indptr))
+        data = m.data
+        starts, stops = indptr[rows], indptr[rows + 1]
+    running = np.zeros(ok.size + 1, dtype=np.int64)
+    np.cumsum(ok, out=running[1:])
+    out_ptr = np.zeros(rows.size + 1, dtype=indptr.dtype)
+    np.cumsum(running[stops] - running[starts], out=out_ptr[1:])
+    out = assembled(type(m), (rows.size, n_cols), data[ok], new_col[ok].astype(m.indices.dtype), out_ptr)
+    out.has_sorted_indices = m.has_sorted_indices
+    out.has_canonical_format = m.has_canonical_format
+    return out

@@ -1,5 +1,6 @@
-"""``memory_recall.store.csr``: the row gather and the stack equal scipy's fancy indexing and ``vstack`` entry for
-entry (same order, values and class), on random matrices with empty rows, stored zeros and repeated picks."""
+"""``memory_recall.store.csr``: the row gather, the stack and the kept entries equal scipy's fancy indexing and
+``vstack`` entry for entry (same order, values and class), on random matrices with empty rows, stored zeros and
+repeated picks."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from memory_recall.store.csr import rows_of, stacked
+from memory_recall.store.csr import kept_entries, rows_of, stacked
 
 
 def _random(cls: type, rows: int, cols: int, seed: int) -> sp.csr_matrix | sp.csr_array:
@@ -57,3 +58,23 @@ def test_stacked_widens_the_index_dtype_past_int32() -> None:
     wide = stacked(small, small, 2**31)
     assert wide.indices.dtype == wide.indptr.dtype == np.int64
     assert wide.shape == (2, 2**31) and wide.indptr.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("cls", [sp.csr_matrix, sp.csr_array])
+@pytest.mark.parametrize("seed", range(6))
+def test_kept_entries_is_scipys_indexing_of_the_kept_rows_and_columns(cls: type, seed: int) -> None:
+    """The rows and columns a deletion keeps (ascending, the leading ones or any), the columns renumbered: scipy's
+    ``m[rows][:, cols]`` of a canonical matrix, with its flags carried."""
+    rng = np.random.default_rng(300 + seed)
+    n = int(rng.integers(1, 40))
+    m = _random(cls, n, n, seed)
+    m.sum_duplicates()
+    for kept in (np.arange(int(rng.integers(0, n + 1)), dtype=np.int64),  # the leading rows: the newest went
+                 np.flatnonzero(rng.random(n) < 0.7).astype(np.int64)):
+        col_map = np.full(n, -1, dtype=np.int64)
+        col_map[kept] = np.arange(kept.size, dtype=np.int64)
+        got = kept_entries(m, kept, col_map, int(kept.size))
+        want = cls(m[kept][:, kept])
+        assert _arrays(got) == _arrays(want)
+        assert got.indices.dtype == m.indices.dtype and got.indptr.dtype == m.indptr.dtype
+        assert got.has_canonical_format and got.has_sorted_indices
