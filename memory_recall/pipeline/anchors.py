@@ -32,6 +32,7 @@ Departures
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,10 @@ class _FoldedAnchors:
     index: dict[str, tuple[int, ...]]
     lengths_by_prefix: dict[str, tuple[int, ...]]
     single: frozenset[str]
+    #: The snapshot's raw index this was folded from (its lists are shared along deltas: an unchanged term's list is
+    #: the same object in the next snapshot), and whether two of its terms fold alike.
+    raw: dict[str, tuple[int, ...]]
+    merged: bool
 
 
 def _folded_anchors(snapshot: GraphSnapshot) -> _FoldedAnchors:
@@ -74,31 +79,22 @@ def _folded_anchors(snapshot: GraphSnapshot) -> _FoldedAnchors:
             for term, nodes in zip(folded, terms.values(), strict=True):
                 merged.setdefault(term, set()).update(nodes)
             index = {k: tuple(sorted(v)) for k, v in merged.items()}
-        # fold() keeps lengths, so these are the snapshot's anchor_lengths restricted to each prefix's terms.
-        lengths: dict[str, set[int]] = {}
-        single: list[str] = []
-        for term in index:
-            if len(term) > 1:
-                lengths.setdefault(term[:2], set()).add(len(term))
-            elif len(term) == 1:
-                single.append(term)
-        return _FoldedAnchors(
-            index=index,
-            lengths_by_prefix={k: tuple(sorted(v, reverse=True)) for k, v in lengths.items()},
-            single=frozenset(single),
-        )
+        lengths_by_prefix, single = _lengths(index)
+        return _FoldedAnchors(index=index, lengths_by_prefix=lengths_by_prefix, single=single, raw=terms,
+                              merged=len(index) != len(terms))
 
     def update(previous: _FoldedAnchors, change: StructureChange) -> _FoldedAnchors | None:
-        # An append only adds the new nodes (last in graph order) to their terms' lists, and new terms last.
         if not change.appended_only:
-            return None
+            return _refolded(previous, snapshot.anchor_index)
+        # An append only adds the new nodes (last in graph order) to their terms' lists, and new terms last.
         added: dict[str, list[int]] = {}
         for i in range(change.appended, change.n_new):
             if not snapshot.archived[i]:
                 for term in snapshot.anchor_terms[i]:
                     added.setdefault(fold(term), []).append(i)
         if not added:
-            return previous
+            return _FoldedAnchors(previous.index, previous.lengths_by_prefix, previous.single,
+                                  snapshot.anchor_index, previous.merged)
         index = dict(previous.index)
         lengths = {k: set(v) for k, v in previous.lengths_by_prefix.items() if k in {t[:2] for t in added}}
         prefixes = dict(previous.lengths_by_prefix)
@@ -111,10 +107,67 @@ def _folded_anchors(snapshot: GraphSnapshot) -> _FoldedAnchors:
                 single.add(term)
         for k, v in lengths.items():
             prefixes[k] = tuple(sorted(v, reverse=True))
-        return _FoldedAnchors(index=index, lengths_by_prefix=prefixes, single=frozenset(single))
+        # The raw index's new terms fold to keys of their own only when the folded index grew by as many.
+        grew = len(index) - len(previous.index) == len(snapshot.anchor_index) - len(previous.raw)
+        return _FoldedAnchors(index=index, lengths_by_prefix=prefixes, single=frozenset(single),
+                              raw=snapshot.anchor_index, merged=previous.merged or not grew)
 
     value, _ = cached(snapshot, ("anchors", "folded-index"), build, update, recipe=_folded_anchors)
     return value
+
+
+def _lengths(index: dict[str, tuple[int, ...]]) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
+    """For each two-character prefix of the folded terms, their lengths (descending), and the one-character
+    terms. fold() keeps lengths, so these are the snapshot's anchor_lengths restricted to each prefix's terms."""
+    lengths: dict[str, set[int]] = {}
+    single: list[str] = []
+    for term in index:
+        if len(term) > 1:
+            lengths.setdefault(term[:2], set()).add(len(term))
+        elif len(term) == 1:
+            single.append(term)
+    return {k: tuple(sorted(v, reverse=True)) for k, v in lengths.items()}, frozenset(single)
+
+
+def _refolded(previous: _FoldedAnchors, raw: dict[str, tuple[int, ...]]) -> _FoldedAnchors | None:
+    """``previous`` for the snapshot whose raw anchor index is ``raw``, after any change (nodes deleted, moved or
+    rewritten): only the terms whose node list is not the very list ``previous`` was folded from are folded
+    again, so a delta that kept most lists (they are shared along deltas) costs one identity test per term.
+    ``None`` (build) when two terms fold alike, or when the kept terms' order changed (a build's key order
+    follows the raw index's)."""
+    old = previous.raw
+    if raw is old:
+        return previous
+    if previous.merged:
+        return None
+    gone = [t for t in old if t not in raw]
+    changed = [t for t, v in raw.items() if old.get(t) is not v]
+    if not gone and not changed:
+        return _FoldedAnchors(previous.index, previous.lengths_by_prefix, previous.single, raw, False)
+    if 2 * (len(gone) + len(changed)) > len(raw):
+        return None  # most terms changed: a build is as cheap
+    added = [t for t in changed if t not in old]
+    kept = len(raw) - len(added)
+    if added and next(itertools.islice(raw, kept, None)) != added[0]:
+        return None  # a new term before an old one: the build's order differs
+    if gone and [t for t in raw if t in old] != [t for t in old if t in raw]:
+        return None
+    index = dict(previous.index)
+    for term in gone:
+        del index[fold(term)]
+    for term in changed:
+        key = fold(term)
+        if term not in old and key in index:
+            return None  # a new term folds like an old one: their lists merge
+        v = raw[term]
+        index[key] = v if len(v) < 2 else tuple(sorted(set(v)))
+    if len(index) != len(raw):
+        return None
+    if gone or added:
+        lengths_by_prefix, single = _lengths(index)
+    else:
+        lengths_by_prefix, single = previous.lengths_by_prefix, previous.single
+    return _FoldedAnchors(index, lengths_by_prefix, single, raw, False)
 
 
 def find_anchors(snapshot: GraphSnapshot, message: str, active: np.ndarray) -> list[tuple[int, str]]:

@@ -58,7 +58,7 @@ from memory_recall.pipeline.kernels.diffusion import Adjacency, propagate, rank
 from memory_recall.pipeline.kind_weights import MESSAGE_TYPE_CODE
 from memory_recall.pipeline.state import QueryPlan, RecallState, StageResult, StageTrace, timed
 from memory_recall.settings import AnchorSettings, DiffusionSettings
-from memory_recall.store.csr import assembled, rows_of
+from memory_recall.store.csr import assembled, kept_entries, rows_of
 from memory_recall.store.snapshot import GraphSnapshot
 
 if TYPE_CHECKING:
@@ -500,16 +500,53 @@ def _spliced_rows(
     return data, indices, indptr.astype(dtype)
 
 
+def _kept_adjacency(parent: Adjacency, change: StructureChange) -> tuple[Adjacency, np.ndarray] | None:
+    """For a change that deleted nodes (``change.kept``): ``parent`` on the kept rows and columns, with its
+    provenance moved to them, and the rows it may hold wrongly (kept nodes one of whose active edges or temporal
+    links went). Those rows are what the update for ``change.via`` must derive again, beside its own: every other
+    row equals the kept graph's build. ``None`` when the parent has no provenance."""
+    prov = parent.derived.get(_PROVENANCE)
+    take, remap = change.kept, change.remap
+    if prov is None or take is None or change.touched is None or change.edges_kept is None or prov.n != parent.n:
+        return None
+    k = int(take.size)
+    keys = prov.pair_keys
+    if keys.size:
+        lo, hi = remap[keys >> _PAIR_SHIFT], remap[keys & _PAIR_LOW]
+        both = (lo >= 0) & (hi >= 0)
+        one = lo[(lo >= 0) & (hi < 0)], hi[(hi >= 0) & (lo < 0)]
+        keys = (lo[both] << _PAIR_SHIFT) | hi[both]  # a monotone move keeps them sorted
+        redo = _union(change.touched, *one)
+    else:
+        redo = change.touched
+    normal = kept_entries(parent.normal, take, remap, k)
+    inhibit = kept_entries(parent.inhibit, take, remap, k)
+    adj = Adjacency(normal=normal, inhibit=inhibit, synthetic_edge_count=int(keys.size))
+    adj.derived[_PROVENANCE] = _Provenance(
+        k, change.edges_kept, keys, None if prov.counted is None else prov.counted[take],
+        None if prov.factors is None else prov.factors[take],
+    )
+    return adj, redo
+
+
 def _updated_adjacency(
     parent: Adjacency, change: StructureChange, snapshot: GraphSnapshot, strength: float, hub_threshold: int,
-    hub_exponent: float, hub_counts: str,
+    hub_exponent: float, hub_counts: str, redo: np.ndarray | None = None,
 ) -> Adjacency | None:
     """:func:`_build_adjacency` of ``snapshot`` derived from ``parent`` (the parent structure's value) after an
     appended-only delta (``None`` otherwise: build then). Old rows keep their entries, old edges theirs, so the only
     rows that change are those of the endpoints of the appended edges, of the temporal pairs added or dropped, of
     the appended nodes, and with hub damping of the nodes whose factor changed and their neighbours: these are
     computed as the build computes them (:func:`_normal_rows` on those rows alone) and spliced into the parent's
-    matrices. O(nnz) in C (one copy of the data), O(changed rows) in Python."""
+    matrices. O(nnz) in C (one copy of the data), O(changed rows) in Python. After a change that deleted nodes,
+    the parent's value on the kept rows (:func:`_kept_adjacency`), then this update for the rest, with the rows
+    the deletion touched (``redo``) derived again too."""
+    if change.via is not None and redo is None:
+        kept = _kept_adjacency(parent, change)
+        if kept is None:
+            return None
+        return _updated_adjacency(kept[0], change.via, snapshot, strength, hub_threshold, hub_exponent, hub_counts,
+                                  kept[1])
     prov = parent.derived.get(_PROVENANCE)
     n, n_old = snapshot.n, change.n_old
     if (
@@ -523,8 +560,9 @@ def _updated_adjacency(
     appended = np.arange(n_old, n, dtype=np.int64)
     src, dst = snapshot.edge_src[e_old:].astype(np.int64), snapshot.edge_dst[e_old:].astype(np.int64)
     inh = np.asarray(snapshot.edge_inhibit[e_old:], dtype=bool)
-    changed_normal = _union(src[~inh], dst[~inh], appended)
-    changed_inhibit = _union(src[inh], dst[inh], appended)
+    extra = np.zeros(0, dtype=np.int64) if redo is None else redo
+    changed_normal = _union(src[~inh], dst[~inh], appended, extra)
+    changed_inhibit = _union(src[inh], dst[inh], appended, extra)
 
     keys = np.zeros(0, dtype=np.int64)
     if strength > 0:

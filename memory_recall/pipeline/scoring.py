@@ -388,6 +388,9 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
         )
 
     def update(prev: _SnapshotArrays, change: StructureChange) -> _SnapshotArrays | None:
+        if change.via is not None and change.kept is not None and not change.state_changed:
+            kept = _kept_arrays(prev, change.kept)  # nodes deleted: the kept rows' arrays, then the append
+            return None if kept is None else update(kept, change.via)
         # Only what the changed rows hold is coded again; the vocabulary must come out as a build's (same strings
         # in the same first-occurrence order), else build.
         if not change.appended_only or change.state_changed:
@@ -501,6 +504,57 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
 
     value, _ = cached(snapshot, ("scoring-arrays",), build, update, recipe=_snapshot_arrays)
     return value
+
+
+def _first_held(codes: np.ndarray, rows: np.ndarray, since: int) -> bool:
+    """Whether some entry of ``codes`` at ``rows`` holds a code from ``since`` on (first met in this column) at its
+    first occurrence in ``codes``."""
+    for row in rows.tolist():
+        code = int(codes[row])
+        if code >= since and int(np.argmax(codes == code)) == row:
+            return True
+    return False
+
+
+def _kept_arrays(prev: _SnapshotArrays, take: np.ndarray) -> _SnapshotArrays | None:
+    """``prev`` for the graph of its rows ``take`` alone (ascending): what a build on those rows gives, when no
+    dropped row held the first occurrence of a string in the coding order (the vocabulary then stands, codes and
+    all); ``None`` otherwise (build). O(n) numpy copies, O(dropped rows × n) for the check."""
+    n = prev.owner_key_code.shape[0]
+    dropped = np.ones(n, dtype=bool)
+    dropped[take] = False
+    gone = np.flatnonzero(dropped)
+    ends = (0, *prev.vocab_ends)
+    for column, since in ((prev.owner_key_code, ends[0]), (prev.owner_name_code, ends[1]),
+                          (prev.region_primary_code, ends[2])):
+        if _first_held(column, gone, since):
+            return None
+    offsets = prev.token_offsets
+    lens = np.diff(offsets)
+    flat_gone = np.repeat(dropped, lens)
+    if _first_held(prev.token_flat_code, np.flatnonzero(flat_gone), ends[3]):
+        return None
+    kept_lens = lens[take]
+    new_offsets = np.zeros(take.size + 1, dtype=offsets.dtype)
+    np.cumsum(kept_lens, out=new_offsets[1:])
+    matrix = prev.token_matrix
+    if matrix is not None:
+        matrix = matrix[take]
+        width = int(kept_lens.max()) if kept_lens.size else 0
+        if width < matrix.shape[1]:  # the widest rows went: a build's matrix is narrower
+            matrix = np.ascontiguousarray(matrix[:, :width])
+    remap = np.full(n, -1, dtype=np.int64)
+    remap[take] = np.arange(take.size, dtype=np.int64)
+    return _SnapshotArrays(
+        ids=prev.ids[take], vocab=prev.vocab, vocab_ends=prev.vocab_ends,
+        owner_key_code=prev.owner_key_code[take], owner_name_code=prev.owner_name_code[take],
+        region_primary_code=prev.region_primary_code[take], token_flat_code=prev.token_flat_code[~flat_gone],
+        token_offsets=new_offsets, token_matrix=matrix, segment_order=prev.segment_order,
+        temporal_rule=prev.temporal_rule[take], start_order=prev.start_order[take], end_order=prev.end_order[take],
+        flashback_tense=prev.flashback_tense[take], gate_code=prev.gate_code[:, take],
+        labels={int(remap[p]): v for p, v in list(prev.labels.items()) if remap[p] >= 0},
+        temporal_memo={key: memo[take] for key, memo in list(prev.temporal_memo.items())},
+    )
 
 
 def _temporal_parts(

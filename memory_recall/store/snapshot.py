@@ -55,6 +55,7 @@ from memory_recall.model.state import (
     SummaryState,
     TimelineState,
 )
+from memory_recall.store.csr import kept_entries
 from memory_recall.store.node_fields import same_fields
 
 __all__ = [
@@ -369,6 +370,30 @@ class _ValueSequence(Sequence[_T_co]):
         return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
 
     __hash__ = None  # type: ignore[assignment]
+
+
+class _Taken(_ValueSequence[_T_co]):
+    """The items of a sequence at the positions ``take`` (ascending), read through on access: what the kept graph
+    of a deletion (:func:`_kept_snapshot`) holds of its parent's per-node strings, which the append after it reads
+    at a few rows only; no column-sized container is made (each one costs the garbage collector a pass over its
+    items)."""
+
+    __slots__ = ("_items", "_take")
+
+    def __init__(self, items: Sequence[_T_co], take: np.ndarray) -> None:
+        self._items = items
+        self._take = take
+
+    def __len__(self) -> int:
+        return int(self._take.size)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return tuple(map(self._items.__getitem__, self._take[i].tolist()))
+        return self._items[int(self._take[i])]
+
+    def __iter__(self) -> Iterator[_T_co]:
+        return map(self._items.__getitem__, self._take.tolist())
 
 
 class PackedTexts(_ValueSequence[str]):
@@ -1276,6 +1301,12 @@ class StructureChange:
     whose ``prev_index`` or ``next_index`` changed (rewritten, or an old link that names a new node resolving now),
     ascending. Any other change leaves them ``None``: nothing is known about the kept rows then.
 
+    ``kept`` and ``via``, for a change that deleted nodes: the parent's rows it kept (ascending; the child holds
+    them first, in that order) and the rest of the change as an ``appended_only`` change from the graph of those
+    rows alone (:func:`_kept_snapshot`) to the child. A cache that can drop rows from its value derives the child's
+    value as that drop followed by its update for ``via``. ``edges_kept`` and ``touched`` then tell what the drop
+    did to the edges (see the fields).
+
     ``refielded``: the positions of ``rewritten`` whose ``fields`` changed (:func:`~memory_recall.store.node_fields.
     same_fields` of the old and new JSON text), ascending. A value made of a node's fields alone stays valid for
     the other rewritten nodes (a chat turn rewrites the previous message and the owners it names, not their
@@ -1292,6 +1323,12 @@ class StructureChange:
     changed_columns: frozenset[str] | None = None
     relinked: np.ndarray | None = None
     refielded: np.ndarray | None = None
+    kept: np.ndarray | None = None
+    via: StructureChange | None = None
+    #: With ``kept``: the kept graph's active edge count, and the kept nodes (positions there, ascending, unique) one
+    #: of whose active edges the delta deleted.
+    edges_kept: int | None = None
+    touched: np.ndarray | None = None
 
     @property
     def fields_changed(self) -> np.ndarray:
@@ -1535,6 +1572,18 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
         return _build_snapshot(source, now_ms=now_ms)
 
 
+def _anchor_index(anchor_terms: Sequence[tuple[str, ...]], archived: np.ndarray) -> dict[str, tuple[int, ...]]:
+    """Anchor term → positions of the non-archived nodes that hold it, in node order; terms in the order of their
+    first node (and of their place among its terms)."""
+    index: dict[str, list[int]] = {}
+    # Only the non-archived nodes with terms (a minority) are visited.
+    with_terms = np.fromiter(map(bool, anchor_terms), dtype=bool, count=archived.size) & ~archived
+    for i in np.flatnonzero(with_terms).tolist():
+        for term in anchor_terms[i]:
+            index.setdefault(term, []).append(i)
+    return {t: tuple(v) for t, v in index.items()}
+
+
 def _build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     ids = tuple(source.node_ids)
     n = len(ids)
@@ -1560,13 +1609,7 @@ def _build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     scope_owner_key[:] = list(map(base_keys.__getitem__, c["owner_key"]))
     tense_code = np.fromiter(map(TENSE_CODE.get, c["tense"], itertools.repeat(0)), dtype=np.int8, count=n)
 
-    anchor_index: dict[str, list[int]] = {}
-    anchor_terms_c = c["anchor_terms"]
-    # Only the non-archived nodes with terms (a minority) are visited.
-    with_terms = np.fromiter(map(bool, anchor_terms_c), dtype=bool, count=n) & ~archived
-    for i in np.flatnonzero(with_terms).tolist():
-        for term in anchor_terms_c[i]:
-            anchor_index.setdefault(term, []).append(i)
+    anchor_index = _anchor_index(c["anchor_terms"], archived)
     anchor_lengths = tuple(sorted({len(t) for t in anchor_index}, reverse=True))
 
     prev_index = np.fromiter(map(index.get, c["prev_id"], itertools.repeat(-1)), dtype=np.int64, count=n)
@@ -1659,7 +1702,7 @@ def _build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
         region_primary=tuple(c["region_primary"]),
         region_tokens=tuple(c["region_tokens"]),
         anchor_terms=tuple(c["anchor_terms"]),
-        anchor_index={t: tuple(v) for t, v in anchor_index.items()},
+        anchor_index=anchor_index,
         anchor_lengths=anchor_lengths,
         visibility={i: v for i, v in enumerate(c["visibility"]) if v is not None},
         segment_id=tuple(c["segment_id"]),
@@ -1950,6 +1993,221 @@ def _kept_edge_strings(
     return kept.extended(added_ids), relation
 
 
+def _same_edges(
+    e_old: EdgeColumns, old_src: np.ndarray, old_dst: np.ndarray, rows: np.ndarray, delta: SnapshotDelta,
+    k: np.ndarray, d_src: np.ndarray, d_dst: np.ndarray,
+) -> np.ndarray:
+    """For each edge the delta writes over an old row (old rows ``rows``, the delta's edges ``k``): whether it
+    holds what that row held in every field a snapshot reads (endpoints as new positions, strength, type, times
+    with NaN equal to NaN, relation, id)."""
+
+    def same_times(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return (a == b) | (np.isnan(a) & np.isnan(b))
+
+    same = (
+        (old_src[rows] == d_src[k]) & (old_dst[rows] == d_dst[k])
+        & (e_old.strength[rows] == delta.edge_strength[k]) & (e_old.edge_type[rows] == delta.edge_type[k])
+        & same_times(e_old.invalid_at[rows], delta.edge_invalid_at[k])
+        & same_times(e_old.expired_at[rows], delta.edge_expired_at[k])
+    )
+    for j in np.flatnonzero(same).tolist():
+        r, d = int(rows[j]), int(k[j])
+        same[j] = e_old.relation[r] == delta.edge_relation[d] and e_old.edge_ids[r] == delta.edge_ids[d]
+    return same
+
+
+def _kept_snapshot(
+    snap: GraphSnapshot, base: _DeltaBase, take: np.ndarray, remap: np.ndarray, e_dead: np.ndarray,
+    source: SnapshotSource, now_ms: int,
+) -> tuple[GraphSnapshot, np.ndarray] | None:
+    """The snapshot of ``snap``'s graph without the nodes outside ``take`` (ascending; ``remap``: old position →
+    new, −1 for those) and the edges at ``e_dead`` (rows of ``base.edges``, every edge of a removed node among
+    them), equal to a fresh build of that graph in every field :func:`_appended_snapshot` reads: derived from
+    ``snap``'s arrays in numpy passes (no parse, no Python loop over the nodes or edges). The base for the
+    rewritten and appended rows of a delta that deleted nodes, never handed out; with it, the kept nodes one of
+    whose active edges went (positions among the kept, ascending). The rows of the ends of a dead edge between
+    two kept nodes are summed again (:func:`_rows_summed_again`); the per-node strings are read through
+    (:class:`_Taken`), not copied. ``None`` (build then) when ``snap`` is outside its validity window or its
+    active edges are not the build's rule over its edge rows."""
+    if not (snap.built_at_ms <= now_ms < snap.valid_until_ms):
+        return None
+    n_old, k = snap.n, int(take.size)
+    removed = remap < 0
+    rl = remap.tolist()
+
+    # Active edges: the build's rule over the old edge rows (the same set as at ``snap``'s build: no edge's time
+    # came inside its validity window).
+    e = base.edges
+    inv, exp = e.invalid_at, e.expired_at
+    act = ~(inv <= now_ms) & ~(exp <= now_ms) & (e.src >= 0) & (e.dst >= 0) & (e.src != e.dst)
+    act[act] = ~snap.archived[e.src[act]] & ~snap.archived[e.dst[act]]
+    act_rows = np.flatnonzero(act)
+    if act_rows.size != snap.edge_src.size:
+        return None
+    act_keep = ~e_dead[act_rows]
+    kept_edges = np.flatnonzero(act_keep)
+    src, dst = remap[snap.edge_src[kept_edges]], remap[snap.edge_dst[kept_edges]]
+    strength, inhibit_mask = snap.edge_strength[kept_edges], snap.edge_inhibit[kept_edges]
+    # Dead active edges between two kept nodes (a deletion rewrites the moved messages' edges: deleted, then
+    # added anew at the end): the rows of their ends are summed again from the kept edges.
+    a_gone, b_gone = remap[snap.edge_src[~act_keep]], remap[snap.edge_dst[~act_keep]]
+    touched = np.unique(np.concatenate([a_gone[a_gone >= 0], b_gone[b_gone >= 0]]))
+    between = (a_gone >= 0) & (b_gone >= 0)
+    inhibit_gone = snap.edge_inhibit[~act_keep][between]
+    a_gone, b_gone = a_gone[between], b_gone[between]
+
+    def graph(m: sp.csr_matrix, inhibit: bool) -> sp.csr_matrix:
+        out = kept_entries(m, take, remap, k)
+        sel = inhibit_gone == inhibit
+        if not sel.any():
+            return out
+        rows = np.unique(np.concatenate([a_gone[sel], b_gone[sel]]))
+        kind = inhibit_mask == inhibit
+        return _rows_summed_again(out, rows, src[kind], dst[kind], strength[kind])
+
+    e_map = np.full(act_rows.size, -1, dtype=np.int64)
+    e_map[kept_edges] = np.arange(kept_edges.size, dtype=np.int64)
+    live = ~e_dead
+    future = np.concatenate([inv[live & (inv > now_ms)], exp[live & (exp > now_ms)]])
+    valid_until = float(future.min()) if future.size else math.inf
+
+    # Anchor terms: only the terms of the rows from the first removed one on change their lists.
+    first = int(np.argmax(removed))
+    anchor_terms = _Taken(snap.anchor_terms, take)
+    archived = snap.archived[take]
+    index_t: dict[str, tuple[int, ...]] | None = dict(snap.anchor_index)
+    gone_terms = False
+    for term in {t for i in range(first, n_old) if not snap.archived[i] for t in snap.anchor_terms[i]}:
+        assert index_t is not None
+        old_list = index_t[term]
+        moved = tuple(r for r in map(rl.__getitem__, old_list) if r >= 0)
+        if moved and rl[old_list[0]] < 0:  # its first node went: its place in the terms' order may move
+            index_t = None
+            break
+        if moved:
+            index_t[term] = moved
+        else:
+            del index_t[term]
+            gone_terms = True
+    if index_t is None:  # the build's pass over the kept nodes with terms
+        index_t = _anchor_index(anchor_terms, archived)
+        gone_terms = True
+    anchor_lengths = tuple(sorted({len(t) for t in index_t}, reverse=True)) if gone_terms else snap.anchor_lengths
+
+    def links(old: np.ndarray) -> np.ndarray:
+        v = old[take]
+        return np.where(v >= 0, remap[np.maximum(v, 0)], -1)
+
+    prev_index, next_index = links(snap.prev_index), links(snap.next_index)
+    # Links of kept rows that named a removed node dangle now: the append resolves them if the delta adds that id.
+    dangling: dict[str, dict[str, list[int]]] = {}
+    for name, old_links in (("prev_id", snap.prev_index), ("next_id", snap.next_index)):
+        out: dict[str, list[int]] = {}
+        for node_id, positions in base.dangling_links(snap)[name].items():
+            now_at = [r for r in map(rl.__getitem__, positions) if r >= 0]
+            if now_at:
+                out[node_id] = now_at
+        v = old_links[take]
+        for i in np.flatnonzero((v >= 0) & removed[np.maximum(v, 0)]).tolist():
+            out.setdefault(snap.ids[int(v[i])], []).append(i)
+        dangling[name] = out
+
+    ids = _Taken(snap.ids, take)
+    if first == k and isinstance(snap.index, SharedIndex | dict):  # the tail went: a view of the first k ids
+        index: Mapping[str, int] = SharedIndex(snap.index._d if isinstance(snap.index, SharedIndex) else snap.index, k)
+    else:
+        index = dict(zip(_kept_items(snap.ids, take), range(k), strict=True))
+    kept_rank = snap.id_rank[take]
+    id_rank = kept_rank - np.searchsorted(np.sort(snap.id_rank[removed]), kept_rank)
+    tp = snap.temporal_pairs
+    tp_ok = (remap[tp[:, 0]] >= 0) & (remap[tp[:, 1]] >= 0) if tp.size else np.zeros(0, bool)
+    kn = snap.knowledge
+    owner_node = np.where(kn.owner_node_index >= 0, remap[np.maximum(kn.owner_node_index, 0)], -1)
+    knowledge = dataclasses.replace(
+        kn, owner_node_index=owner_node, known=kn.known[:, take], manual_known=kn.manual_known[:, take],
+        mistaken=kn.mistaken[:, take], hidden=kn.hidden[:, take], own_pov=kn.own_pov[:, take],
+        visibility=kn.visibility[:, take],
+    )
+    edge_ids = snap.edge_ids
+    kept_base = _DeltaBase(base.rids[take], source.node_index.columns() if isinstance(
+        source.node_index, NodeIndexTable) else _index_columns(source.node_index), e, base.edge_rowids, dangling)
+    assert source.embeddings_normalised is not None
+    kept = dataclasses.replace(
+        snap, ids=ids, index=index, id_rank=id_rank.astype(np.int64), type_code=snap.type_code[take],
+        archived=archived, seq=snap.seq[take], seq_start=snap.seq_start[take],
+        seq_end=snap.seq_end[take], stats=NodeStats(snap.stats.importance[take]),
+        created_time=snap.created_time[take], is_pov=snap.is_pov[take], owner_type_code=snap.owner_type_code[take],
+        scope_owner_key=snap.scope_owner_key[take],
+        scope_owner_name=_Taken(snap.scope_owner_name, take),
+        region_primary=_Taken(snap.region_primary, take),
+        region_tokens=_Taken(snap.region_tokens, take),
+        anchor_terms=anchor_terms, anchor_index=index_t,
+        anchor_lengths=anchor_lengths,
+        visibility={rl[p]: v for p, v in snap.visibility.items() if rl[p] >= 0},
+        segment_id=_Taken(snap.segment_id, take), has_story_label=snap.has_story_label[take],
+        tense_code=snap.tense_code[take], span_start_segment=_Taken(snap.span_start_segment, take),
+        span_end_segment=_Taken(snap.span_end_segment, take), has_span_label=snap.has_span_label[take],
+        prev_index=prev_index, next_index=next_index, embeddings=source.embeddings[:k],
+        has_vector=source.embeddings_normalised[:k],
+        adjacency=graph(snap.adjacency, False), inhibit=graph(snap.inhibit, True),
+        temporal_pairs=remap[tp[tp_ok]].reshape(-1, 2).astype(np.int64),
+        edge_src=src, edge_dst=dst, edge_strength=strength, edge_inhibit=inhibit_mask,
+        edge_relation=SharedPrefix(_kept_items(snap.edge_relation, kept_edges), int(kept_edges.size)),
+        edge_ids=edge_ids.take(kept_edges) if isinstance(edge_ids, JoinedStrings) else SharedPrefix(
+            _kept_items(edge_ids, kept_edges), int(kept_edges.size)),
+        incident=_incident_kept(snap.incident, take, e_map, int(kept_edges.size)),
+        valid_until_ms=valid_until, knowledge=knowledge,
+        structure=SnapshotStructure(snap.version, kept_base), _nodes={}, _lock=threading.Lock(),
+    )
+    return kept, touched
+
+
+def _rows_summed_again(
+    m: sp.csr_matrix, rows: np.ndarray, src: np.ndarray, dst: np.ndarray, strength: np.ndarray
+) -> sp.csr_matrix:
+    """``m`` (a build's symmetric summed-strength matrix of the edges ``src``–``dst``, except at ``rows``) with the
+    rows ``rows`` (ascending, unique) summed again from those edges as :func:`_build_snapshot` sums them: the same
+    entries of each such row in the same order through scipy's conversion, so the sums are bit for bit a
+    build's. One pass over the edges, then the other rows copied around the new ones a slice at a time."""
+    n = m.shape[0]
+    dirty = np.zeros(n, dtype=bool)
+    dirty[rows] = True
+    touch = dirty[src] | dirty[dst]
+    a, b, v = src[touch], dst[touch], strength[touch]
+    r, c, vv = np.concatenate([a, b]), np.concatenate([b, a]), np.concatenate([v, v])
+    on = dirty[r]
+    part = sp.csr_matrix((vv[on], (r[on], c[on])), shape=m.shape)
+    part.sum_duplicates()
+    counts = np.diff(m.indptr)
+    counts[rows] = np.diff(part.indptr)[rows]
+    indptr = np.zeros(n + 1, dtype=m.indptr.dtype)
+    np.cumsum(counts, out=indptr[1:])
+    data_parts: list[np.ndarray] = []
+    index_parts: list[np.ndarray] = []
+    at = 0
+    for row in rows.tolist():
+        lo, hi = int(m.indptr[at]), int(m.indptr[row])
+        data_parts += [m.data[lo:hi], part.data[part.indptr[row] : part.indptr[row + 1]]]
+        index_parts += [m.indices[lo:hi], part.indices[part.indptr[row] : part.indptr[row + 1]]]
+        at = row + 1
+    data_parts.append(m.data[m.indptr[at] :])
+    index_parts.append(m.indices[m.indptr[at] :])
+    out = sp.csr_matrix((np.concatenate(data_parts), np.concatenate(index_parts).astype(m.indices.dtype), indptr),
+                        shape=m.shape, copy=False)
+    out.has_sorted_indices = True
+    out.has_canonical_format = True
+    return out
+
+
+def _incident_kept(m: sp.csr_matrix, rows: np.ndarray, e_map: np.ndarray, n_edges: int) -> sp.csr_matrix:
+    """The node → incident edge matrix (values: edge position + 1) on the rows ``rows`` with the edges renumbered
+    by ``e_map`` (old position → new, −1 dropped): :func:`~memory_recall.store.csr.kept_entries` with the values
+    rewritten to match."""
+    out = kept_entries(m, rows, e_map, n_edges)
+    out.data = (out.indices + 1).astype(np.float64)
+    return out
+
+
 def _merged(
     snap: GraphSnapshot, base: _DeltaBase, delta: SnapshotDelta, at: np.ndarray, now_ms: int
 ) -> GraphSnapshot | None:
@@ -1984,8 +2242,9 @@ def _merged(
     if take is None:
         ids_list = _seq_appended(snap.ids, [delta.node_ids[k] for k in add_list])
     else:
-        ids_list = _kept_items(snap.ids, take)
-        ids_list.extend(delta.node_ids[k] for k in add_list)
+        kept_ids = _kept_items(snap.ids, take)
+        kept_ids.extend(delta.node_ids[k] for k in add_list)
+        ids_list = SharedPrefix(kept_ids, len(kept_ids))
     rids = appended_rows(base.rids, delta.node_rids[add_k]) if take is None else np.concatenate(
         [base.rids[take], delta.node_rids[add_k]])
 
@@ -2026,6 +2285,13 @@ def _merged(
     d_src, d_dst = np.split(position, 2) if position.size else (position, position)
     e_upd = np.flatnonzero(e_ok)
     e_add = np.flatnonzero(~e_ok)
+    if take is None:  # no node moved: the endpoints stand
+        old_src, old_dst = e_old.src, e_old.dst
+    else:
+        old_src = np.where(e_old.src >= 0, remap[np.maximum(e_old.src, 0)], -1)
+        old_dst = np.where(e_old.dst >= 0, remap[np.maximum(e_old.dst, 0)], -1)
+    if e_upd.size:  # edges written again as they were (a deletion rewrites the moved messages' edges) stay kept
+        e_upd = e_upd[~_same_edges(e_old, old_src, old_dst, e_at[e_upd], delta, e_upd, d_src, d_dst)]
     e_pos = e_remap[e_at[e_upd]]
 
     edges_appended = e_take.size == e_old.src.size and not e_upd.size
@@ -2037,11 +2303,6 @@ def _merged(
         out[e_pos] = new[e_upd]
         return out
 
-    if take is None:  # no node moved: the endpoints stand
-        old_src, old_dst = e_old.src, e_old.dst
-    else:
-        old_src = np.where(e_old.src >= 0, remap[np.maximum(e_old.src, 0)], -1)
-        old_dst = np.where(e_old.dst >= 0, remap[np.maximum(e_old.dst, 0)], -1)
     added_ids = [delta.edge_ids[k] for k in e_add.tolist()]
     added_rel = tuple(delta.edge_relation[k] for k in e_add.tolist())
     edge_ids: Sequence[str]
@@ -2131,13 +2392,24 @@ def _merged(
         node_rids=rids, edge_rowids=edge_rowids, embeddings_normalised=has_vec,
     )
     new = None
+    kept: tuple[GraphSnapshot, np.ndarray] | None = None
     changed_columns: frozenset[str] | None = None
     relinked: np.ndarray | None = None
+    via_columns: frozenset[str] | None = None
+    via_relinked: np.ndarray | None = None
     if take is None and not e_upd.size and e_take.size == e_old.src.size:
         appended = _appended_snapshot(snap, source, pos_list, n_old, int(e_old.src.size), now_ms)
         if appended is not None:
             new, changed_columns, relinked = appended
-    appended_only = new is not None
+    elif take is not None and not e_upd.size:
+        # Nodes deleted: the old graph without them (and their edges) derived from ``snap``, then the rewritten
+        # and appended rows as an append to it.
+        kept = _kept_snapshot(snap, base, take, remap, e_dead, source, now_ms)
+        appended = None if kept is None else _appended_snapshot(
+            kept[0], source, pos_list, kept_n, int(e_take.size), now_ms)
+        if appended is not None:
+            new, via_columns, via_relinked = appended
+    appended_only = new is not None and take is None
     if new is None:
         new = _build_snapshot(source, now_ms=now_ms)
     assert new.structure.source is not None
@@ -2145,12 +2417,23 @@ def _merged(
         new = dataclasses.replace(
             new, structure=SnapshotStructure(delta.version, dataclasses.replace(new.structure.source, vectors=buffer)))
         assert new.structure.source is not None
+    rewritten_at = np.array(sorted(pos_list), dtype=np.int64)
+    refielded_at = np.array(sorted(refielded), dtype=np.int64)
+    state_changed = delta.state is not None
+    edges_changed = bool(delta.edge_rowids.size or delta.deleted_edges.size or now_ms >= snap.valid_until_ms)
+    via = None
+    if via_relinked is not None:  # nodes deleted, the rest an append to the kept graph
+        via = StructureChange(
+            n_old=kept_n, n_new=n, remap=np.arange(kept_n, dtype=np.int64), rewritten=rewritten_at, appended=kept_n,
+            state_changed=state_changed, edges_changed=edges_changed, appended_only=True,
+            changed_columns=via_columns, relinked=via_relinked, refielded=refielded_at,
+        )
     change = StructureChange(
-        n_old=n_old, n_new=n, remap=remap, rewritten=np.array(sorted(pos_list), dtype=np.int64), appended=kept_n,
-        state_changed=delta.state is not None,
-        edges_changed=bool(delta.edge_rowids.size or delta.deleted_edges.size or now_ms >= snap.valid_until_ms),
-        appended_only=appended_only, changed_columns=changed_columns, relinked=relinked,
-        refielded=np.array(sorted(refielded), dtype=np.int64),
+        n_old=n_old, n_new=n, remap=remap, rewritten=rewritten_at, appended=kept_n, state_changed=state_changed,
+        edges_changed=edges_changed, appended_only=appended_only, changed_columns=changed_columns,
+        relinked=relinked, refielded=refielded_at, kept=take if via is not None else None, via=via,
+        edges_kept=int(kept[0].edge_src.size) if via is not None and kept is not None else None,
+        touched=kept[1] if via is not None and kept is not None else None,
     )
     snap.structure.release_parent()  # its caches were updated from the parent's already, or never will be
     new = dataclasses.replace(

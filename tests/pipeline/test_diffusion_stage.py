@@ -731,7 +731,11 @@ class TestAdjacencyUpdate:
         assert set(rows.tolist()) >= {snap.index["n005"], snap.index[f"n{chat.next - 1:03d}"]}
         assert rows.size < snap.n // 2
 
-    def test_a_delete_or_an_archive_builds(self, tmp_path) -> None:
+    def test_a_delete_drops_the_rows_and_updates_and_an_archive_builds(self, tmp_path) -> None:
+        """A deleted node: the parent's adjacency on the kept rows, with the rows of its neighbours (their hub
+        factors move with their degree, and with them their neighbours' rows) and temporal partners derived again,
+        equals a fresh build for every setting; so does a deletion in the middle with a parallel edge's end. An
+        archived node's edges leave the adjacency: that builds."""
         from memory_recall.pipeline.diffusion import _UPDATED_FROM
 
         chat = _Chat(tmp_path / "store.sqlite3")
@@ -742,11 +746,12 @@ class TestAdjacencyUpdate:
             return mask
 
         _check_against_fresh(chat, hidden_of)
-        with chat.store.write(_CHAT) as w:
-            w.delete_nodes(["n004"])
-        change = chat.snapshot().structure.change
-        assert change is not None and not change.appended_only
-        assert _check_against_fresh(chat, hidden_of) == [False] * 4
+        for gone in ("n004", "n015", "n008"):
+            with chat.store.write(_CHAT) as w:
+                w.delete_nodes([gone])
+            change = chat.snapshot().structure.change
+            assert change is not None and not change.appended_only and change.via is not None, gone
+            assert _check_against_fresh(chat, hidden_of) == [True] * 4, gone
         old = chat.store.get_node(_CHAT, "n006")
         assert old is not None
         with chat.store.write(_CHAT) as w:

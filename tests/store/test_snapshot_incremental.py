@@ -272,6 +272,17 @@ class _World:
             with self.store.write(CHAT) as w:
                 w.delete_nodes([pick])
             return "delta"
+        if op in ("delete-tail", "delete-tail-rewrite"):
+            # The newest node goes (a chat's deleted message: ingestion moves the later turns' contents down a
+            # floor and deletes the last node); "-rewrite" also writes some edges again as they were, as that does.
+            nodes = self.store.get_nodes(CHAT)
+            last = nodes[-1].id
+            again = [e for e in self.store.get_edges(CHAT) if last not in (e.from_id, e.to_id)][: 1 + seed % 3]
+            with self.store.write(CHAT) as w:
+                w.delete_nodes([last])
+                if op == "delete-tail-rewrite" and again:
+                    w.upsert_edges(again)
+            return "delta"
         others = [i for i in ids if i != pick]
         if op == "edge" and others:
             j, self.next_edge = self.next_edge, self.next_edge + 1
@@ -339,6 +350,97 @@ def test_incremental_snapshot_equals_a_fresh_build(seeded: Path, tmp_path_factor
     path = tmp_path_factory.mktemp("ex") / "store.sqlite3"
     shutil.copyfile(seeded, path)
     _check_steps(path, steps)
+
+
+#: Writes around deletions: any node, the newest (with edges written again as they were), among chat turns.
+DELETE_OPS = ("turn", "turn", "message", "delete", "delete-tail", "delete-tail-rewrite", "edit", "vector", "edge",
+              "reinforce-carry")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.sampled_from(DELETE_OPS), st.integers(0, 2**32 - 1)), min_size=2, max_size=10))
+def test_deletions_keep_the_snapshot_equal_to_a_fresh_build(
+    seeded: Path, tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]]
+) -> None:
+    """Deleted nodes: the snapshot derived from the kept graph (:func:`snapshot._kept_snapshot`, then the
+    rewritten and new rows appended) equals a fresh build, and so do its recalls and derived values."""
+    path = tmp_path_factory.mktemp("del") / "store.sqlite3"
+    shutil.copyfile(seeded, path)
+    _check_steps(path, steps)
+
+
+def _builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the full builds of the snapshot arrays (``_build_snapshot``) from now on: the list's length."""
+    calls: list[int] = []
+    build = snapshot_module._build_snapshot
+
+    def counted(source: Any, *, now_ms: int) -> GraphSnapshot:
+        calls.append(now_ms)
+        return build(source, now_ms=now_ms)
+
+    monkeypatch.setattr(snapshot_module, "_build_snapshot", counted)
+    return calls
+
+
+@pytest.mark.parametrize("op", ["delete-tail", "delete-tail-rewrite", "middle"])
+def test_a_deletion_is_derived_from_the_kept_graph_not_built(
+    world: _World, monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    """A deleted node (the newest, the newest with edges written again unchanged, or one in the middle with its
+    edges) gives a snapshot derived from the old one's arrays: no full build of the arrays, equal to a fresh
+    build, its recall too. The stages' values the old structure held (anchors, scoring arrays, the diffusion
+    adjacency) are derived for it by dropping the deleted rows, then updating for the rest, each equal to the
+    fresh build's."""
+    for i in range(3):
+        world.apply("turn", 70 + i)
+    before = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    _recall(before, world.store, 5)  # the old structure's values, which the new one's derive from
+    builds = _builds(monkeypatch)
+    if op == "middle":  # a turn between two others: its edges go, the turns around it keep theirs
+        middle = sorted((i for i in range(before.n) if before.ids[i].startswith("t")), key=before.ids.__getitem__)[1]
+        gone = before.ids[middle]
+        with world.store.write(CHAT) as w:
+            w.delete_nodes([gone])
+    else:
+        gone = before.ids[-1]
+        world.apply(op, 3)
+    after = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert builds == [] and world.cache.last_update[CHAT] == "delta"
+    fresh = build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)
+    assert after.n == before.n - 1 and gone not in after.index
+    assert _differences(after, fresh) == []
+    derived = {k[0] for k in prepare_snapshot(after) if isinstance(k, tuple)}
+    assert {"anchors", "scoring-arrays", "diffusion-adjacency"} <= derived, derived
+    assert _recall(after, world.store, 5) == _recall(fresh, world.store, 5)
+    assert _cache_differences(after, fresh) == []
+
+
+def test_a_deletion_whose_dead_edge_joined_two_kept_nodes_sums_their_rows_again(
+    world: _World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An edge deleted between two nodes that stay, beside parallel edges between them: their rows are summed
+    again from the kept edges, bit for bit as a build sums them (strengths whose sum depends on the order), with
+    no full build of the arrays."""
+    before = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    a, b = before.ids[1], before.ids[2]
+    parallel = [Edge(id=f"par{j}", from_id=a if j % 2 else b, to_id=b if j % 2 else a, strength=s)
+                for j, s in enumerate((0.1, 0.2, 0.3, 0.7, 1e-9))]
+    with world.store.write(CHAT) as w:
+        w.upsert_edges(parallel)
+    world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    builds = _builds(monkeypatch)
+    victim = before.ids[5]
+    with world.store.write(CHAT) as w:
+        w.delete_nodes([victim])
+        w.delete_edges(["par2"])
+    after = world.cache.get(world.store, CHAT, MODEL, now_ms=NOW)
+    assert builds == [] and world.cache.last_update[CHAT] == "delta" and victim not in after.index
+    fresh = build_snapshot(world.store.snapshot_source(CHAT, MODEL), now_ms=NOW)
+    assert _differences(after, fresh) == []
+    pa, pb = after.index[a], after.index[b]
+    base = sum(e.strength for e in world.store.get_edges(CHAT) if {e.from_id, e.to_id} == {a, b}
+               and e.edge_type != 255 and not e.id.startswith("par"))
+    assert after.adjacency[pa, pb] == pytest.approx(base + 0.1 + 0.2 + 0.7 + 1e-9)
 
 
 #: A chat's turns, some named by the turn before them ahead of time, among other writes.
