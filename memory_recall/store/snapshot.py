@@ -1857,8 +1857,8 @@ def _positions(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
 def _merge_column(old: Any, take: np.ndarray | None, updates: dict[int, Any], added: Any) -> Any:
     """One index column after a delta: the kept rows of ``old`` (all when ``take`` is None), rows of ``updates``
     (new position → value) replaced, then ``added`` appended. Arrays stay arrays (of the old dtype); others
-    become a :class:`SharedPrefix` of the old items when no row moved (the rewritten rows held apart), else
-    tuples."""
+    become a :class:`SharedPrefix`: of the old items when no row moved (the rewritten rows held apart), else of a
+    new list of the kept items."""
     if isinstance(old, np.ndarray):
         if take is None and (not updates or _same_at(old, np.fromiter(updates, np.int64, len(updates)),
                                                      list(updates.values()))):
@@ -1877,7 +1877,8 @@ def _merge_column(old: Any, take: np.ndarray | None, updates: dict[int, Any], ad
     for i, v in updates.items():
         kept_list[i] = v
     kept_list.extend(added)
-    return tuple(kept_list)
+    # Shared, so the next delta's appends extend this list instead of copying the column again.
+    return SharedPrefix(kept_list, len(kept_list))
 
 
 def _kept_items(old: Sequence[Any], take: np.ndarray) -> list[Any]:
@@ -1968,7 +1969,7 @@ def _with_stats(snap: GraphSnapshot, delta: SnapshotDelta, at: np.ndarray) -> Gr
 def _kept_edge_strings(
     e_old: EdgeColumns, e_take: np.ndarray, e_upd: np.ndarray, e_pos: np.ndarray, delta: SnapshotDelta,
     added_ids: list[str], added_rel: tuple[str, ...],
-) -> tuple[Sequence[str], tuple[str, ...]]:
+) -> tuple[Sequence[str], Sequence[str]]:
     """The edge ids and relations of a delta that deleted or rewrote edges: the kept edges' (``e_take``), those
     rewritten in place (the delta's ``e_upd`` at ``e_pos``), then the added ones. Whole-column work in C: the ids
     are selected by offsets (:meth:`JoinedStrings.take`, no string copied) and the relations through an object
@@ -1978,7 +1979,9 @@ def _kept_edge_strings(
     kept_rel = np.array(list(e_old.relation), dtype=object)[e_take] if e_take.size else np.zeros(0, object)
     for k, p in zip(upd, at, strict=True):
         kept_rel[p] = delta.edge_relation[k]
-    relation = (*kept_rel.tolist(), *added_rel)
+    relation_list = kept_rel.tolist()
+    relation_list.extend(added_rel)
+    relation = SharedPrefix(relation_list, len(relation_list))
     old_ids = e_old.edge_ids
     kept = old_ids.take(e_take) if isinstance(old_ids, JoinedStrings) else JoinedStrings.of(
         list(map(old_ids.__getitem__, e_take.tolist())))
