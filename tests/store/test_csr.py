@@ -63,18 +63,19 @@ def test_stacked_widens_the_index_dtype_past_int32() -> None:
 @pytest.mark.parametrize("cls", [sp.csr_matrix, sp.csr_array])
 @pytest.mark.parametrize("seed", range(6))
 def test_kept_entries_is_scipys_indexing_of_the_kept_rows_and_columns(cls: type, seed: int) -> None:
-    """The rows and columns a deletion keeps (ascending, the leading ones or any), the columns renumbered: scipy's
-    ``m[rows][:, cols]`` of a canonical matrix, with its flags carried."""
+    """The rows and columns a deletion keeps (ascending, the leading ones or any, the columns the same or others),
+    the columns renumbered: scipy's ``m[rows][:, cols]`` of a canonical matrix, with its flags carried."""
     rng = np.random.default_rng(300 + seed)
     n = int(rng.integers(1, 40))
     m = _random(cls, n, n, seed)
     m.sum_duplicates()
-    for kept in (np.arange(int(rng.integers(0, n + 1)), dtype=np.int64),  # the leading rows: the newest went
-                 np.flatnonzero(rng.random(n) < 0.7).astype(np.int64)):
+    leading = np.arange(int(rng.integers(0, n + 1)), dtype=np.int64)  # the leading rows: the newest went
+    some = np.flatnonzero(rng.random(n) < 0.7).astype(np.int64)
+    for kept, cols in ((leading, leading), (some, some), (leading, some)):  # the last: edges renumbered
         col_map = np.full(n, -1, dtype=np.int64)
-        col_map[kept] = np.arange(kept.size, dtype=np.int64)
-        got = kept_entries(m, kept, col_map, int(kept.size))
-        want = cls(m[kept][:, kept])
+        col_map[cols] = np.arange(cols.size, dtype=np.int64)
+        got = kept_entries(m, kept, col_map, int(cols.size))
+        want = cls(m[kept][:, cols])
         assert _arrays(got) == _arrays(want)
         assert got.indices.dtype == m.indices.dtype and got.indptr.dtype == m.indptr.dtype
         assert got.has_canonical_format and got.has_sorted_indices
