@@ -1934,7 +1934,11 @@ def apply_delta(snap: GraphSnapshot, delta: SnapshotDelta, *, now_ms: int) -> Gr
     Only the rows the delta holds are decoded (no store read or JSON parse of unchanged nodes). A delta that only
     access-reinforced nodes (the recall's own write) gives a snapshot with a new statistics overlay and the same
     :class:`SnapshotStructure`, so structure-keyed caches stay valid; any other delta merges the kept, replaced
-    and appended rows into the index columns and re-derives the arrays from them (numpy passes over the chat).
+    and appended rows into the index columns, then derives the arrays from ``snap``'s: only the changed rows are
+    computed when the delta deleted nothing (:func:`_appended_snapshot`), and a delta that deleted nodes is the
+    old graph without them (:func:`_kept_snapshot`) followed by the same append. Anything else (an archived flag
+    or anchor terms rewritten, a kept edge rewritten, the edge horizon passed) re-derives the arrays from the
+    columns (:func:`_build_snapshot`, numpy passes over the chat).
     """
     base = snap.structure.source
     if base is None or snap.version != delta.since or delta.chat_id != snap.chat_id:
