@@ -11,7 +11,9 @@ the derived values and the BM25 delta. ``--no-refresh`` leaves all of that to th
 refreshed (``snapshot_ms`` is then the ``get``). With ``--event edit`` each turn's event is an edit instead: the
 message written before the timed turns gets a new text (its node rewritten in place, with its edges); with
 ``--event remove`` a deletion: the message :data:`REMOVE_BACK` floors before the chat's last one is removed and
-the later ones move down a floor (``remove_message``; the messages are written before the warm recalls).
+the later ones move down a floor (``remove_message``; the messages are written before the warm recalls); with
+``--event mix`` a new message, an edit and a deletion in turn (``by_kind``: each kind's event and
+``paired_ratio``, also given for a single kind).
 
 With ``--fill-vectors``, after each of those recalls the turn's new nodes get their vectors, as the background
 embedding writes them (``fill_write_ms``), and the cache applies that write (``fill_refresh_ms``: what the next
@@ -56,6 +58,8 @@ from typing import Any
 
 import numpy as np
 
+#: ``--event mix``: each turn's event in turn.
+MIX = ("add", "edit", "remove")
 #: ``--event remove``: how many messages come after the one each turn deletes (they move down a floor).
 REMOVE_BACK = 20
 
@@ -134,7 +138,7 @@ def bench_size(
             # a chat ingested turn by turn never does; the warm-up recalls then see the relinked nodes.
             settle = ChatMessage(floor=8_999_999, role="user", speaker=bench.USER, text="I step off the boat.")
             ingest_messages(store, bench.CHAT, [settle], now_ms=now)
-            if event == "remove":  # the messages the turns remove, and REMOVE_BACK after them, written untimed
+            if event in ("remove", "mix"):  # the messages the turns remove, and REMOVE_BACK after them, untimed
                 ingest_messages(store, bench.CHAT, [
                     ChatMessage(floor=9_000_000 + i, role="user", speaker=bench.USER,
                                 text=f"I walk along the harbor toward the tower, step {i}.")
@@ -159,15 +163,21 @@ def bench_size(
             n_before = cache.get(store, bench.CHAT, LOCAL_MODEL_ID, now_ms=now).n
             n_start = n_before
             how: Counter[str] = Counter()
+            kinds: list[str] = []
             for j in range(turns):
                 # "edit": the user rewrites the message of the turn before the timed ones (an edited message keeps
                 # its floor, so its node is rewritten in place with its edges); "remove": the message REMOVE_BACK
                 # floors before the last one is deleted and the later ones move down a floor; else a new message.
-                floor = 8_999_999 if event == "edit" else 9_000_000 + j
+                # "mix": a new message, an edit, a deletion, in turn (new messages after the written block).
+                kind = MIX[j % len(MIX)] if event == "mix" else event
+                kinds.append(kind)
+                floor = 8_999_999 if kind == "edit" else 9_000_000 + j
+                if event == "mix" and kind == "add":
+                    floor = 9_000_000 + turns + REMOVE_BACK + j
                 message = ChatMessage(floor=floor, role="user", speaker=bench.USER,
                                       text=f"I light the lantern by the harbor and ask Mira about the tower, turn {j}.")
                 t0, c0 = time.perf_counter(), time.process_time()
-                if event == "remove":
+                if kind == "remove":
                     remove_message(store, bench.CHAT, 9_000_000 + turns - 1 - j, now_ms=now)
                 else:
                     ingest_messages(store, bench.CHAT, [message], now_ms=now)
@@ -235,6 +245,17 @@ def bench_size(
         "ingest_ms": _pct(ingest),
         "refresh_ms" if refresh else "snapshot_ms": _pct(update),
         "event_ms": _pct([a + b for a, b in zip(ingest, update, strict=True)]) if refresh else None,
+        # Per kind of event (with --event mix: each kind's turns; else the one kind): the event, and the median of
+        # (recall after it / the same recall warm).
+        "by_kind": None if not refresh else {
+            k: {
+                "turns": kinds.count(k),
+                "event_ms": _pct([a + b for a, b, x in zip(ingest, update, kinds, strict=True) if x == k]),
+                "paired_ratio": round(float(np.median([a / w for (a, w), x in zip(paired, kinds, strict=True)
+                                                       if x == k])), 2),
+            }
+            for k in dict.fromkeys(kinds)
+        },
         "recall_ms": _pct(after), "after_write_ms": _pct(total),
         "recall_ratio": round(float(np.median(after)) / float(np.median(warm_ms)), 2),
         "ratio": round(float(np.median(total)) / float(np.median(warm_ms)), 2),
@@ -291,10 +312,11 @@ def main(argv: list[str] | None = None) -> int:
                              "message re-embedded: the matrix is copied), apply it (edit_refresh_ms) and recall; "
                              "prints the anonymous RSS at the end (anon_rss_mb: one size per run for a clean "
                              "figure)")
-    parser.add_argument("--event", choices=("add", "edit", "remove"), default="add",
+    parser.add_argument("--event", choices=("add", "edit", "remove", "mix"), default="add",
                         help="each turn's chat event: a new message (add, the default), an edit of the message "
                              "written before the timed turns (edit: its node rewritten in place) or the deletion of "
-                             f"the message {REMOVE_BACK} floors before the last one (remove: the later ones move down)")
+                             f"the message {REMOVE_BACK} floors before the last one (remove: the later ones move "
+                             "down); mix: a new message, an edit and a deletion in turn (by_kind splits them)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="after-write-graphs-") as tmp:
         store_dir = Path(args.store_dir or tmp)

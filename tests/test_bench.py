@@ -120,3 +120,19 @@ def test_bench_after_write_removes_a_message_each_turn(tmp_path: Path) -> None:
     assert r["snapshot_how"] == {"cached": 3}
     for key in ("ingest_ms", "refresh_ms", "event_ms", "recall_ms"):
         _check_pct(r[key])
+
+
+def test_bench_after_write_mixes_new_edited_and_deleted_messages(tmp_path: Path) -> None:
+    """``--event mix``: a new message, an edit and a deletion in turn. Over six turns the chat gains two message
+    nodes and the entity of the name they bring (Mira) and loses two; ``by_kind`` times each kind's two turns."""
+    baw: Any = load_script("bench_after_write")
+    r = baw.bench_size(300, turns=6, warm=2, store_dir=tmp_path, profile="default", event="mix")
+    assert r["event"] == "mix" and r["nodes_added"] == 1
+    assert r["snapshot_how"] == {"cached": 6}
+    assert list(r["by_kind"]) == ["add", "edit", "remove"]
+    for kind in r["by_kind"].values():
+        assert kind["turns"] == 2 and kind["paired_ratio"] > 0
+        _check_pct(kind["event_ms"])
+    r1 = baw.bench_size(300, turns=2, warm=2, store_dir=tmp_path, profile="default", event="remove")
+    assert list(r1["by_kind"]) == ["remove"] and r1["by_kind"]["remove"]["turns"] == 2
+    assert r1["by_kind"]["remove"]["paired_ratio"] == r1["paired_ratio"]
