@@ -58,7 +58,7 @@ from memory_recall.pipeline.kernels.diffusion import Adjacency, propagate, rank
 from memory_recall.pipeline.kind_weights import MESSAGE_TYPE_CODE
 from memory_recall.pipeline.state import QueryPlan, RecallState, StageResult, StageTrace, timed
 from memory_recall.settings import AnchorSettings, DiffusionSettings
-from memory_recall.store.csr import assembled, kept_entries, rows_of
+from memory_recall.store.csr import assembled, kept_entries, rows_of, spliced_rows
 from memory_recall.store.snapshot import GraphSnapshot
 
 if TYPE_CHECKING:
@@ -449,7 +449,7 @@ def _spliced(old: sp.csr_array, rows: np.ndarray, sub: sp.csr_array, n: int) -> 
             np.concatenate([old.indptr, tail.astype(dtype)]),
         )
     else:
-        spliced = _spliced_rows(old, rows, sub, n)
+        spliced = spliced_rows(old, rows, sub, n)
         if spliced is None:
             return None
         parts = spliced
@@ -459,45 +459,6 @@ def _spliced(old: sp.csr_array, rows: np.ndarray, sub: sp.csr_array, n: int) -> 
     out = assembled(sp.csr_array, (n, n), data, indices, indptr)
     out.has_canonical_format = True  # every row is canonical, from one canonical matrix or the other
     return out
-
-
-def _spliced_rows(
-    old: sp.csr_array, rows: np.ndarray, sub: sp.csr_array, n: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """``(data, indices, indptr)`` of :func:`_spliced` when old rows are replaced: the untouched runs of old rows
-    and the new rows in turn."""
-    dtype = old.indices.dtype
-    n_old = old.shape[0]
-    counts = np.zeros(n, dtype=np.int64)
-    counts[:n_old] = np.diff(old.indptr)
-    counts[rows] = np.diff(sub.indptr)
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
-    if int(indptr[-1]) > np.iinfo(dtype).max:
-        return None
-    data_parts: list[np.ndarray] = []
-    index_parts: list[np.ndarray] = []
-    starts = np.flatnonzero(np.diff(rows, prepend=-2) != 1)  # runs of consecutive rows
-    ends = np.append(starts[1:], rows.size) if rows.size else starts
-    nxt = 0  # the first old row not copied yet
-    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-        first = int(rows[a])
-        stop = min(first, n_old)
-        if stop > nxt:
-            lo, hi = int(old.indptr[nxt]), int(old.indptr[stop])
-            data_parts.append(old.data[lo:hi])
-            index_parts.append(old.indices[lo:hi])
-        lo, hi = int(sub.indptr[a]), int(sub.indptr[b])
-        data_parts.append(sub.data[lo:hi])
-        index_parts.append(sub.indices[lo:hi])
-        nxt = first + (b - a)
-    if nxt < n_old:
-        lo, hi = int(old.indptr[nxt]), int(old.indptr[n_old])
-        data_parts.append(old.data[lo:hi])
-        index_parts.append(old.indices[lo:hi])
-    data = np.concatenate(data_parts) if data_parts else np.zeros(0, dtype=old.data.dtype)
-    indices = np.concatenate(index_parts) if index_parts else np.zeros(0, dtype=dtype)
-    return data, indices, indptr.astype(dtype)
 
 
 def _kept_adjacency(parent: Adjacency, change: StructureChange) -> tuple[Adjacency, np.ndarray] | None:

@@ -389,7 +389,7 @@ def _snapshot_arrays(snapshot: GraphSnapshot) -> _SnapshotArrays:
 
     def update(prev: _SnapshotArrays, change: StructureChange) -> _SnapshotArrays | None:
         if change.via is not None and change.kept is not None and not change.state_changed:
-            kept = _kept_arrays(prev, change.kept)  # nodes deleted: the kept rows' arrays, then the append
+            kept = _kept_arrays(prev, change.kept, change.remap)  # nodes deleted: the kept rows, then the append
             return None if kept is None else update(kept, change.via)
         # Only what the changed rows hold is coded again; the vocabulary must come out as a build's (same strings
         # in the same first-occurrence order), else build.
@@ -516,13 +516,12 @@ def _first_held(codes: np.ndarray, rows: np.ndarray, since: int) -> bool:
     return False
 
 
-def _kept_arrays(prev: _SnapshotArrays, take: np.ndarray) -> _SnapshotArrays | None:
-    """``prev`` for the graph of its rows ``take`` alone (ascending): what a build on those rows gives, when no
-    dropped row held the first occurrence of a string in the coding order (the vocabulary then stands, codes and
-    all); ``None`` otherwise (build). O(n) numpy copies, O(dropped rows × n) for the check."""
-    n = prev.owner_key_code.shape[0]
-    dropped = np.ones(n, dtype=bool)
-    dropped[take] = False
+def _kept_arrays(prev: _SnapshotArrays, take: np.ndarray, remap: np.ndarray) -> _SnapshotArrays | None:
+    """``prev`` for the graph of its rows ``take`` alone (ascending; ``remap``: old row → its place among them, −1
+    for a dropped one): what a build on those rows gives, when no dropped row held the first occurrence of a
+    string in the coding order (the vocabulary then stands, codes and all); ``None`` otherwise (build). O(n) numpy
+    copies, O(dropped rows × n) for the check."""
+    dropped = remap < 0
     gone = np.flatnonzero(dropped)
     ends = (0, *prev.vocab_ends)
     for column, since in ((prev.owner_key_code, ends[0]), (prev.owner_name_code, ends[1]),
@@ -543,8 +542,6 @@ def _kept_arrays(prev: _SnapshotArrays, take: np.ndarray) -> _SnapshotArrays | N
         width = int(kept_lens.max()) if kept_lens.size else 0
         if width < matrix.shape[1]:  # the widest rows went: a build's matrix is narrower
             matrix = np.ascontiguousarray(matrix[:, :width])
-    remap = np.full(n, -1, dtype=np.int64)
-    remap[take] = np.arange(take.size, dtype=np.int64)
     return _SnapshotArrays(
         ids=prev.ids[take], vocab=prev.vocab, vocab_ends=prev.vocab_ends,
         owner_key_code=prev.owner_key_code[take], owner_name_code=prev.owner_name_code[take],

@@ -12,7 +12,7 @@ from typing import TypeVar
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["assembled", "kept_entries", "rows_of", "stacked"]
+__all__ = ["assembled", "kept_entries", "rows_of", "spliced_rows", "stacked"]
 
 M = TypeVar("M", sp.csr_matrix, sp.csr_array)
 
@@ -80,3 +80,44 @@ def kept_entries(m: M, rows: np.ndarray, col_map: np.ndarray, n_cols: int) -> M:
     out.has_sorted_indices = m.has_sorted_indices
     out.has_canonical_format = m.has_canonical_format
     return out
+
+
+def spliced_rows(
+    old: M, rows: np.ndarray, sub: M, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(data, indices, indptr)`` of ``old`` (n_old rows) grown to ``n`` rows, with its rows at ``rows`` (sorted,
+    unique; rows from n_old on are new) replaced by the rows of ``sub`` (one per entry of ``rows``, in that order):
+    the untouched runs of old rows and the new rows in turn, each run one slice copy, O(len(rows)) Python. The
+    index arrays take ``old``'s index dtype; ``None`` when the entries would not fit it."""
+    dtype = old.indices.dtype
+    n_old = old.shape[0]
+    counts = np.zeros(n, dtype=np.int64)
+    counts[:n_old] = np.diff(old.indptr)
+    counts[rows] = np.diff(sub.indptr)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    if int(indptr[-1]) > np.iinfo(dtype).max:
+        return None
+    data_parts: list[np.ndarray] = []
+    index_parts: list[np.ndarray] = []
+    starts = np.flatnonzero(np.diff(rows, prepend=-2) != 1)  # runs of consecutive rows
+    ends = np.append(starts[1:], rows.size) if rows.size else starts
+    nxt = 0  # the first old row not copied yet
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        first = int(rows[a])
+        stop = min(first, n_old)
+        if stop > nxt:
+            lo, hi = int(old.indptr[nxt]), int(old.indptr[stop])
+            data_parts.append(old.data[lo:hi])
+            index_parts.append(old.indices[lo:hi])
+        lo, hi = int(sub.indptr[a]), int(sub.indptr[b])
+        data_parts.append(sub.data[lo:hi])
+        index_parts.append(sub.indices[lo:hi])
+        nxt = first + (b - a)
+    if nxt < n_old:
+        lo, hi = int(old.indptr[nxt]), int(old.indptr[n_old])
+        data_parts.append(old.data[lo:hi])
+        index_parts.append(old.indices[lo:hi])
+    data = np.concatenate(data_parts) if data_parts else np.zeros(0, dtype=old.data.dtype)
+    indices = np.concatenate(index_parts) if index_parts else np.zeros(0, dtype=dtype)
+    return data, indices, indptr.astype(dtype)

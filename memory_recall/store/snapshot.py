@@ -55,7 +55,7 @@ from memory_recall.model.state import (
     SummaryState,
     TimelineState,
 )
-from memory_recall.store.csr import kept_entries
+from memory_recall.store.csr import assembled, kept_entries, rows_of, spliced_rows
 from memory_recall.store.node_fields import same_fields
 
 __all__ = [
@@ -1572,6 +1572,28 @@ def build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
         return _build_snapshot(source, now_ms=now_ms)
 
 
+def _active_edges(
+    invalid_at: np.ndarray, expired_at: np.ndarray, src: np.ndarray, dst: np.ndarray, archived: np.ndarray, now_ms: int
+) -> np.ndarray:
+    """The edges a snapshot keeps (reference §1.3): not invalid or expired at ``now_ms``, both ends present,
+    distinct and not archived. A mask over the given edges."""
+    keep = ~(invalid_at <= now_ms) & ~(expired_at <= now_ms) & (src >= 0) & (dst >= 0) & (src != dst)
+    keep[keep] = ~archived[src[keep]] & ~archived[dst[keep]]
+    return keep
+
+
+def _next_expiry(invalid_at: np.ndarray, expired_at: np.ndarray, now_ms: int) -> float:
+    """The earliest invalid/expiry time of these edges after ``now_ms`` (``inf`` when none): a snapshot holding
+    them is stale from then on."""
+    future = np.concatenate([invalid_at[invalid_at > now_ms], expired_at[expired_at > now_ms]])
+    return float(future.min()) if future.size else math.inf
+
+
+def _moved(positions: np.ndarray, remap: np.ndarray) -> np.ndarray:
+    """Node positions (−1: none) moved to a delta's new positions by ``remap`` (−1 for a deleted node)."""
+    return np.where(positions >= 0, remap[np.maximum(positions, 0)], -1)
+
+
 def _anchor_index(anchor_terms: Sequence[tuple[str, ...]], archived: np.ndarray) -> dict[str, tuple[int, ...]]:
     """Anchor term → positions of the non-archived nodes that hold it, in node order; terms in the order of their
     first node (and of their place among its terms)."""
@@ -1624,14 +1646,10 @@ def _build_snapshot(source: SnapshotSource, *, now_ms: int) -> GraphSnapshot:
     # Active edges between non-archived nodes, in edge-list order (reference §1.3). Column passes instead of one
     # branchy loop: a large chat has several edges per node.
     cols = source.edge_columns if source.edge_columns is not None else EdgeColumns.of_rows(source.edges, index)
-    invalid_at, expired_at = cols.invalid_at, cols.expired_at
-    future = np.concatenate([invalid_at[invalid_at > now_ms], expired_at[expired_at > now_ms]])
-    valid_until = float(future.min()) if future.size else math.inf
-    a_all, b_all = cols.src, cols.dst
-    keep = ~(invalid_at <= now_ms) & ~(expired_at <= now_ms) & (a_all >= 0) & (b_all >= 0) & (a_all != b_all)
-    keep[keep] = ~archived[a_all[keep]] & ~archived[b_all[keep]]
-    src = a_all[keep]
-    dst = b_all[keep]
+    valid_until = _next_expiry(cols.invalid_at, cols.expired_at, now_ms)
+    keep = _active_edges(cols.invalid_at, cols.expired_at, cols.src, cols.dst, archived, now_ms)
+    src = cols.src[keep]
+    dst = cols.dst[keep]
     strength = cols.strength[keep]
     inhibit_mask = cols.edge_type[keep] == INHIBIT_EDGE_TYPE
     joined = isinstance(cols.edge_ids, JoinedStrings)
@@ -1883,10 +1901,11 @@ def _merge_column(old: Any, take: np.ndarray | None, updates: dict[int, Any], ad
 
 def _kept_items(old: Sequence[Any], take: np.ndarray) -> list[Any]:
     """``[old[i] for i in take]`` (``take`` ascending): the sequence copied in C and the few dropped items deleted,
-    not read one by one (a :class:`SharedPrefix` item is a Python call: 14 ms per column at 100k nodes)."""
+    or past :data:`MAX_COPY_RUNS` of them gathered through an object array, never read one by one (a
+    :class:`SharedPrefix` item is a Python call: 14 ms per column at 100k nodes)."""
     gone = len(old) - int(take.size)
     if gone > MAX_COPY_RUNS:
-        return list(map(old.__getitem__, take.tolist()))
+        return np.fromiter(old, dtype=object, count=len(old))[take].tolist()
     items = list(old)
     if gone:
         for i in np.setdiff1d(np.arange(len(old)), take, assume_unique=True)[::-1].tolist():
@@ -1976,14 +1995,14 @@ def _kept_edge_strings(
 ) -> tuple[Sequence[str], Sequence[str]]:
     """The edge ids and relations of a delta that deleted or rewrote edges: the kept edges' (``e_take``), those
     rewritten in place (the delta's ``e_upd`` at ``e_pos``), then the added ones. Whole-column work in C: the ids
-    are selected by offsets (:meth:`JoinedStrings.take`, no string copied) and the relations through an object
-    array, where a loop over the chat's edges in Python cost 150 ms at 35,000 edges (a deleted message's event).
+    are selected by offsets (:meth:`JoinedStrings.take`, no string copied) and the relations by
+    :func:`_kept_items`, where a loop over the chat's edges in Python cost 150 ms at 35,000 edges (a deleted
+    message's event).
     The ids' text is rewritten once less than half of it is still in use, so deleted ids do not pile up."""
     upd, at = e_upd.tolist(), e_pos.tolist()
-    kept_rel = np.array(list(e_old.relation), dtype=object)[e_take] if e_take.size else np.zeros(0, object)
+    relation_list = _kept_items(e_old.relation, e_take)
     for k, p in zip(upd, at, strict=True):
-        kept_rel[p] = delta.edge_relation[k]
-    relation_list = kept_rel.tolist()
+        relation_list[p] = delta.edge_relation[k]
     relation_list.extend(added_rel)
     relation = SharedPrefix(relation_list, len(relation_list))
     old_ids = e_old.edge_ids
@@ -2046,9 +2065,7 @@ def _kept_snapshot(
     # came inside its validity window).
     e = base.edges
     inv, exp = e.invalid_at, e.expired_at
-    act = ~(inv <= now_ms) & ~(exp <= now_ms) & (e.src >= 0) & (e.dst >= 0) & (e.src != e.dst)
-    act[act] = ~snap.archived[e.src[act]] & ~snap.archived[e.dst[act]]
-    act_rows = np.flatnonzero(act)
+    act_rows = np.flatnonzero(_active_edges(inv, exp, e.src, e.dst, snap.archived, now_ms))
     if act_rows.size != snap.edge_src.size:
         return None
     act_keep = ~e_dead[act_rows]
@@ -2063,7 +2080,7 @@ def _kept_snapshot(
     inhibit_gone = snap.edge_inhibit[~act_keep][between]
     a_gone, b_gone = a_gone[between], b_gone[between]
 
-    def graph(m: sp.csr_matrix, inhibit: bool) -> sp.csr_matrix:
+    def graph(m: sp.csr_matrix, inhibit: bool) -> sp.csr_matrix | None:
         out = kept_entries(m, take, remap, k)
         sel = inhibit_gone == inhibit
         if not sel.any():
@@ -2072,11 +2089,13 @@ def _kept_snapshot(
         kind = inhibit_mask == inhibit
         return _rows_summed_again(out, rows, src[kind], dst[kind], strength[kind])
 
+    adjacency, inhibit = graph(snap.adjacency, False), graph(snap.inhibit, True)
+    if adjacency is None or inhibit is None:
+        return None
     e_map = np.full(act_rows.size, -1, dtype=np.int64)
     e_map[kept_edges] = np.arange(kept_edges.size, dtype=np.int64)
     live = ~e_dead
-    future = np.concatenate([inv[live & (inv > now_ms)], exp[live & (exp > now_ms)]])
-    valid_until = float(future.min()) if future.size else math.inf
+    valid_until = _next_expiry(inv[live], exp[live], now_ms)
 
     # Anchor terms: only the terms of the rows from the first removed one on change their lists.
     first = int(np.argmax(removed))
@@ -2101,11 +2120,7 @@ def _kept_snapshot(
         gone_terms = True
     anchor_lengths = tuple(sorted({len(t) for t in index_t}, reverse=True)) if gone_terms else snap.anchor_lengths
 
-    def links(old: np.ndarray) -> np.ndarray:
-        v = old[take]
-        return np.where(v >= 0, remap[np.maximum(v, 0)], -1)
-
-    prev_index, next_index = links(snap.prev_index), links(snap.next_index)
+    prev_index, next_index = _moved(snap.prev_index[take], remap), _moved(snap.next_index[take], remap)
     # Links of kept rows that named a removed node dangle now: the append resolves them if the delta adds that id.
     dangling: dict[str, dict[str, list[int]]] = {}
     for name, old_links in (("prev_id", snap.prev_index), ("next_id", snap.next_index)):
@@ -2129,7 +2144,7 @@ def _kept_snapshot(
     tp = snap.temporal_pairs
     tp_ok = (remap[tp[:, 0]] >= 0) & (remap[tp[:, 1]] >= 0) if tp.size else np.zeros(0, bool)
     kn = snap.knowledge
-    owner_node = np.where(kn.owner_node_index >= 0, remap[np.maximum(kn.owner_node_index, 0)], -1)
+    owner_node = _moved(kn.owner_node_index, remap)
     knowledge = dataclasses.replace(
         kn, owner_node_index=owner_node, known=kn.known[:, take], manual_known=kn.manual_known[:, take],
         mistaken=kn.mistaken[:, take], hidden=kn.hidden[:, take], own_pov=kn.own_pov[:, take],
@@ -2156,7 +2171,7 @@ def _kept_snapshot(
         span_end_segment=_Taken(snap.span_end_segment, take), has_span_label=snap.has_span_label[take],
         prev_index=prev_index, next_index=next_index, embeddings=source.embeddings[:k],
         has_vector=source.embeddings_normalised[:k],
-        adjacency=graph(snap.adjacency, False), inhibit=graph(snap.inhibit, True),
+        adjacency=adjacency, inhibit=inhibit,
         temporal_pairs=remap[tp[tp_ok]].reshape(-1, 2).astype(np.int64),
         edge_src=src, edge_dst=dst, edge_strength=strength, edge_inhibit=inhibit_mask,
         edge_relation=SharedPrefix(_kept_items(snap.edge_relation, kept_edges), int(kept_edges.size)),
@@ -2171,11 +2186,12 @@ def _kept_snapshot(
 
 def _rows_summed_again(
     m: sp.csr_matrix, rows: np.ndarray, src: np.ndarray, dst: np.ndarray, strength: np.ndarray
-) -> sp.csr_matrix:
+) -> sp.csr_matrix | None:
     """``m`` (a build's symmetric summed-strength matrix of the edges ``src``–``dst``, except at ``rows``) with the
     rows ``rows`` (ascending, unique) summed again from those edges as :func:`_build_snapshot` sums them: the same
     entries of each such row in the same order through scipy's conversion, so the sums are bit for bit a
-    build's. One pass over the edges, then the other rows copied around the new ones a slice at a time."""
+    build's. One pass over the edges, then :func:`~memory_recall.store.csr.spliced_rows`. ``None`` when the new
+    rows' index dtype is not ``m``'s (build then)."""
     n = m.shape[0]
     dirty = np.zeros(n, dtype=bool)
     dirty[rows] = True
@@ -2185,22 +2201,13 @@ def _rows_summed_again(
     on = dirty[r]
     part = sp.csr_matrix((vv[on], (r[on], c[on])), shape=m.shape)
     part.sum_duplicates()
-    counts = np.diff(m.indptr)
-    counts[rows] = np.diff(part.indptr)[rows]
-    indptr = np.zeros(n + 1, dtype=m.indptr.dtype)
-    np.cumsum(counts, out=indptr[1:])
-    data_parts: list[np.ndarray] = []
-    index_parts: list[np.ndarray] = []
-    at = 0
-    for row in rows.tolist():
-        lo, hi = int(m.indptr[at]), int(m.indptr[row])
-        data_parts += [m.data[lo:hi], part.data[part.indptr[row] : part.indptr[row + 1]]]
-        index_parts += [m.indices[lo:hi], part.indices[part.indptr[row] : part.indptr[row + 1]]]
-        at = row + 1
-    data_parts.append(m.data[m.indptr[at] :])
-    index_parts.append(m.indices[m.indptr[at] :])
-    out = sp.csr_matrix((np.concatenate(data_parts), np.concatenate(index_parts).astype(m.indices.dtype), indptr),
-                        shape=m.shape, copy=False)
+    sub = rows_of(part, rows)
+    if int(sub.indptr[-1]) and (sub.indices.dtype != m.indices.dtype or sub.indptr.dtype != m.indptr.dtype):
+        return None
+    spliced = spliced_rows(m, rows, sub, n)
+    if spliced is None or spliced[2].dtype != m.indptr.dtype:
+        return None
+    out = assembled(sp.csr_matrix, m.shape, *spliced)
     out.has_sorted_indices = True
     out.has_canonical_format = True
     return out
@@ -2295,8 +2302,7 @@ def _merged(
     if take is None:  # no node moved: the endpoints stand
         old_src, old_dst = e_old.src, e_old.dst
     else:
-        old_src = np.where(e_old.src >= 0, remap[np.maximum(e_old.src, 0)], -1)
-        old_dst = np.where(e_old.dst >= 0, remap[np.maximum(e_old.dst, 0)], -1)
+        old_src, old_dst = _moved(e_old.src, remap), _moved(e_old.dst, remap)
     if e_upd.size:  # edges written again as they were (a deletion rewrites the moved messages' edges) stay kept
         e_upd = e_upd[~_same_edges(e_old, old_src, old_dst, e_at[e_upd], delta, e_upd, d_src, d_dst)]
     e_pos = e_remap[e_at[e_upd]]
@@ -2672,11 +2678,9 @@ def _appended_snapshot(
     cols = source.edge_columns
     assert cols is not None
     inv, exp = cols.invalid_at[e_old:], cols.expired_at[e_old:]
-    future = np.concatenate([inv[inv > now_ms], exp[exp > now_ms]])
-    valid_until = min(snap.valid_until_ms, float(future.min())) if future.size else snap.valid_until_ms
+    valid_until = min(snap.valid_until_ms, _next_expiry(inv, exp, now_ms))
     a_all, b_all = cols.src[e_old:], cols.dst[e_old:]
-    keep = ~(inv <= now_ms) & ~(exp <= now_ms) & (a_all >= 0) & (b_all >= 0) & (a_all != b_all)
-    keep[keep] = ~archived[a_all[keep]] & ~archived[b_all[keep]]
+    keep = _active_edges(inv, exp, a_all, b_all, archived, now_ms)
     kept_at = np.flatnonzero(keep)
     a_new, b_new = a_all[keep], b_all[keep]
     s_new = cols.strength[e_old:][keep]
